@@ -1,0 +1,1 @@
+"""Triton kernels (shipped as ``quantize_cli.kernels``). Nothing here imports Triton at import time."""

@@ -1,0 +1,215 @@
+"""Library entry points. Every CLI flag is a keyword of the same name.
+
+``convert`` reads like the architecture: resolve -> plan -> validate -> execute -> metadata ->
+publish. Everything that can fail on user input fails before the first tensor is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .checkpoint.destination import Destination
+from .checkpoint.metadata import hf_quant_config, output_config
+from .checkpoint.source import open_source
+from .checkpoint.writer import ShardWriter
+from .errors import DestinationError, PlanError, QuantizeError, UsageError
+from .execute import Executor
+from .plan import Plan, build_plan, parse_size
+from .recipe import load_recipe
+from .report import human_bytes, run_report, write_json
+from .schemes import get_scheme
+
+
+class Console:
+    """Messages for humans on stderr: info (silenced by quiet), warnings (always)."""
+
+    def __init__(self, quiet: bool = False, stream=None):
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+
+    def info(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=self.stream, flush=True)
+
+    def warn(self, msg: str) -> None:
+        print(f"warning: {msg}", file=self.stream, flush=True)
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` did: the plan, the destination (None for a dry run) and the report."""
+
+    plan: Plan
+    dst: str | None
+    report: dict
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> the first CUDA GPU when present, else CPU; ``cpu``, ``cuda``, ``cuda:N`` as given."""
+    device = (device or "auto").lower()
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA GPU is available here; use --device cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) present")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {device!r}: only cpu and cuda devices are supported")
+    return dev
+
+
+def _size(value, flag: str) -> int:
+    try:
+        n = parse_size(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if n <= 0:
+        raise UsageError(f"{flag}: must be positive, got {value!r}")
+    return n
+
+
+def _kv(kv_cache_dtype: str | None) -> str | None:
+    if kv_cache_dtype in (None, "", "none", "auto"):
+        return None
+    if kv_cache_dtype.lower() != "fp8":
+        raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: only fp8 is supported (ModelOpt 'cast' mode, no scale tensors)")
+    return "fp8"
+
+
+def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True) -> Plan:
+    """Resolve SRC, load the recipe and build the plan (no tensor data is read)."""
+    scheme = get_scheme(algo)
+    source = open_source(src, revision=revision, quiet=quiet)
+    rec = load_recipe(recipe, source.config.get("model_type"))
+    return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype))
+
+
+def raise_problems(plan: Plan) -> None:
+    """Refuse a plan with problems: all of them at once, before any tensor is read."""
+    if plan.problems:
+        n = len(plan.problems)
+        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:", details=plan.problems)
+
+
+def convert(
+    src: str,
+    dst: str | None = None,
+    algo: str = "FP8_PB_WO",
+    exclude=(),
+    recipe: str | None = None,
+    layout: str = "plain",
+    device: str = "auto",
+    kv_cache_dtype: str | None = None,
+    max_shard_size: str | int = "5GB",
+    memory_budget: str | int = "4GB",
+    resume: bool = False,
+    dry_run: bool = False,
+    overwrite: bool = False,
+    report: str | None = None,
+    revision: str | None = None,
+    quiet: bool = False,
+    console: Console | None = None,
+) -> ConvertResult:
+    """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
+
+    Raises :class:`QuantizeError` subclasses for every user-facing failure; DST only ever appears
+    complete.
+    """
+    t0 = time.perf_counter()
+    con = console or Console(quiet)
+    get_scheme(algo)  # usage errors first, in the first second
+    _kv(kv_cache_dtype)
+    budget = _size(memory_budget, "--memory-budget")
+    if layout != "plain":
+        raise UsageError(f"--layout {layout!r} is not available yet; use --layout plain")
+    dev = resolve_device(device)
+    if not dry_run:
+        if not dst:
+            raise UsageError("convert needs -o DST (or --dry-run)")
+        Destination(dst, overwrite=overwrite)  # an existing DST fails before any download
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet)
+    timings = {"plan_s": time.perf_counter() - t0}
+    options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
+                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+    if dry_run:
+        print(plan.to_text(), flush=True)
+        raise_problems(plan)
+        doc = run_report(plan, options, None, timings, None, status="dry-run")
+        if report:
+            write_json(report, doc)
+        return ConvertResult(plan, None, doc)
+    try:
+        raise_problems(plan)
+    except QuantizeError as exc:
+        if report:
+            write_json(report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
+        raise
+    for w in plan.warnings:
+        con.warn(w)
+    dest = Destination(dst, src_root=plan.source.root, overwrite=overwrite)  # type: ignore[arg-type]
+    stats = None
+    try:
+        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype)
+        timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
+        timings["total_s"] = time.perf_counter() - t0
+        dest.commit()
+    except QuantizeError as exc:
+        dest.discard()
+        if report:
+            write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
+        raise
+    except BaseException:
+        dest.discard()
+        raise
+    doc = run_report(plan, options, stats, timings, dest.dst)
+    if report:
+        write_json(report, doc)
+    rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
+    con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
+             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
+    return ConvertResult(plan, dest.dst, doc)
+
+
+def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv) -> object:
+    dest.acquire(resume=resume)
+    writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
+    writer.open(fresh=True)
+    from tqdm import tqdm
+
+    bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
+    try:
+        executor = Executor(plan, writer, dev, chunk_bytes=max(16 << 20, budget // 8), hold_bytes=budget // 4,
+                            measure_error=measure, progress=bar.update)
+        stats = executor.run()
+    finally:
+        bar.close()
+    writer.close()
+    _write_metadata(plan, dest.partial, kv)
+    return stats
+
+
+def _write_metadata(plan: Plan, folder: str, kv) -> None:
+    nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv))
+    with open(os.path.join(folder, "hf_quant_config.json"), "w") as f:
+        json.dump(nested, f, indent=4)
+        f.write("\n")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(output_config(plan.source.config, nested), f, indent=2)
+        f.write("\n")
+    for name in plan.source.sidecars:
+        try:
+            shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
+        except OSError as exc:
+            raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc

@@ -1,0 +1,1 @@
+"""Checkpoint I/O: source resolution, header parsing, the streaming writer, metadata builders."""

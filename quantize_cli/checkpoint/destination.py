@@ -1,0 +1,110 @@
+"""The destination folder: checked first, written in a hidden sibling, renamed when complete.
+
+Work goes to ``<parent>/.<name>.partial/``; only a complete conversion is renamed to DST, so a
+failed or interrupted run never leaves a DST that looks finished. A lock (``flock`` on a file in
+the partial folder, released by the kernel even on SIGKILL) makes a second run on the same DST
+refuse. An existing DST is replaced only with ``--overwrite``, and only after the new one is
+complete (the old one is moved aside, the new one renamed in, the old one removed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+
+from ..errors import DestinationError
+
+LOCK_NAME = ".quantize.lock"
+
+
+def _is_within(child: str, parent: str) -> bool:
+    return os.path.commonpath([child, parent]) == parent
+
+
+class Destination:
+    """Owns DST for one run: checks, locking, the partial folder and the final rename."""
+
+    def __init__(self, dst: str, src_root: str | None = None, overwrite: bool = False):
+        self.dst = os.path.abspath(dst)
+        parent, name = os.path.split(self.dst)
+        if not name:
+            raise DestinationError(f"{dst}: not a valid destination folder name")
+        self.parent = parent
+        self.partial = os.path.join(parent, f".{name}.partial")
+        self.overwrite = overwrite
+        self._lock_fd: int | None = None
+        if src_root is not None:
+            self._check_overlap(os.path.realpath(src_root))
+        if os.path.lexists(self.dst) and not overwrite:
+            raise DestinationError(f"{dst}: already exists; choose another -o or pass --overwrite to replace it")
+        if os.path.lexists(self.dst) and not os.path.isdir(self.dst):
+            raise DestinationError(f"{dst}: exists and is not a folder; remove it or choose another -o")
+
+    def _check_overlap(self, src: str) -> None:
+        dst = os.path.realpath(self.dst)
+        if dst == src or _is_within(dst, src):
+            raise DestinationError(f"{self.dst}: is inside the source checkpoint {src}; write the output elsewhere")
+        if _is_within(src, dst):
+            raise DestinationError(f"{self.dst}: contains the source checkpoint {src}; write the output elsewhere")
+
+    def acquire(self, resume: bool = False) -> bool:
+        """Create/lock the partial folder. Returns True if it held earlier work (to resume)."""
+        try:
+            os.makedirs(self.partial, exist_ok=True)
+            fd = os.open(os.path.join(self.partial, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DestinationError(f"{self.partial}: cannot create the work folder ({exc.strerror}); check permissions and space") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DestinationError(
+                f"{self.dst}: another quantize run is writing it (lock {self.partial}/{LOCK_NAME}); wait for it or choose another -o"
+            ) from None
+        self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        earlier = [e for e in os.listdir(self.partial) if e != LOCK_NAME]
+        if earlier and not resume:
+            for entry in earlier:
+                path = os.path.join(self.partial, entry)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        return bool(earlier) and resume
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.partial, *parts)
+
+    def commit(self) -> None:
+        """Atomically publish the partial folder as DST (replacing an old DST if allowed)."""
+        os.unlink(os.path.join(self.partial, LOCK_NAME))
+        _fsync_dir(self.partial)
+        old = None
+        if os.path.lexists(self.dst):
+            if not self.overwrite:  # appeared while we worked
+                raise DestinationError(f"{self.dst}: appeared during the run; output kept in {self.partial}")
+            old = os.path.join(self.parent, f".{os.path.basename(self.dst)}.old-{os.getpid()}")
+            os.rename(self.dst, old)
+        os.rename(self.partial, self.dst)
+        _fsync_dir(self.parent)
+        self.release()
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Remove the partial folder (used for failures that resume cannot help)."""
+        self.release()
+        shutil.rmtree(self.partial, ignore_errors=True)
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

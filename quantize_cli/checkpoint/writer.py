@@ -1,0 +1,108 @@
+"""Streaming safetensors writer: every header is written first, tensors land at fixed offsets.
+
+The plan knows every output tensor's dtype, shape, shard and offset, so each shard file is created
+at its final size with its header in place, and tensor bytes (or row chunks of them) are written
+with ``pwrite`` in any order. Nothing is buffered beyond the chunk being written. Headers follow
+the safetensors layout (compact JSON, ``__metadata__ = {"format": "pt"}`` first, space-padded to
+8 bytes) so ``safetensors.safe_open`` and every loader read the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from ..errors import DestinationError
+from .safetensors_io import byte_view
+
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+def shard_header(tensors: list) -> bytes:
+    """The header bytes (length prefix included) for `tensors` (OutTensor-like, in data order)."""
+    doc: dict = {"__metadata__": SAFETENSORS_METADATA}
+    for t in tensors:
+        doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.offset, t.offset + t.nbytes]}
+    raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+class ShardWriter:
+    """Writes the planned shards into `folder` (see the module docstring)."""
+
+    def __init__(self, folder: str, outputs: dict, shard_names: list[str]):
+        self.folder = folder
+        self.outputs = outputs
+        self.shard_names = shard_names
+        self._fds: list[int] = []
+        self._data_start: list[int] = []
+        self.bytes_written = 0
+
+    def paths(self) -> list[str]:
+        return [os.path.join(self.folder, n) for n in self.shard_names]
+
+    def open(self, fresh: bool = True) -> None:
+        """Create (or, when resuming, reopen) every shard at its final size with its header."""
+        per_shard: list[list] = [[] for _ in self.shard_names]
+        for o in sorted(self.outputs.values(), key=lambda o: o.offset):
+            per_shard[o.shard].append(o)
+        for path, tensors in zip(self.paths(), per_shard):
+            header = shard_header(tensors)
+            size = len(header) + sum(t.nbytes for t in tensors)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0), 0o644)
+                os.pwrite(fd, header, 0)
+                os.ftruncate(fd, size)
+            except OSError as exc:
+                raise DestinationError(f"{path}: cannot create output shard ({exc.strerror}); check space and permissions") from exc
+            self._fds.append(fd)
+            self._data_start.append(len(header))
+
+    def write(self, name: str, tensor: torch.Tensor, byte_offset: int = 0) -> None:
+        """Write `tensor` (CPU; any dtype) into output `name`, starting `byte_offset` bytes in."""
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous().reshape(-1)
+        self.write_bytes(name, byte_view(t.view(torch.uint8)) if t.numel() else memoryview(b""), byte_offset)
+
+    def write_bytes(self, name: str, data: memoryview, byte_offset: int = 0) -> None:
+        """Write raw bytes into output `name` at `byte_offset` within the tensor."""
+        o = self.outputs[name]
+        if byte_offset + len(data) > o.nbytes:
+            raise AssertionError(f"{name}: write past the tensor end ({byte_offset}+{len(data)} > {o.nbytes})")
+        pos = self._data_start[o.shard] + o.offset + byte_offset
+        fd = self._fds[o.shard]
+        done = 0
+        try:
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], pos + done)
+        except OSError as exc:
+            raise DestinationError(
+                f"{self.shard_names[o.shard]}: write failed while writing {name!r} ({exc.strerror}); free disk space and rerun with --resume"
+            ) from exc
+        self.bytes_written += len(data)
+
+    def close(self, sync: bool = True) -> None:
+        """fsync and close every shard; write the index when there is more than one shard."""
+        try:
+            for fd in self._fds:
+                if sync:
+                    os.fsync(fd)
+                os.close(fd)
+        finally:
+            self._fds = []
+        if len(self.shard_names) > 1:
+            write_index(self.folder, self.outputs, self.shard_names)
+
+
+def write_index(folder: str, outputs: dict, shard_names: list[str]) -> None:
+    """``model.safetensors.index.json``: total size and the sorted weight map."""
+    wmap = {name: shard_names[o.shard] for name, o in sorted(outputs.items())}
+    doc = {"metadata": {"total_size": sum(o.nbytes for o in outputs.values())}, "weight_map": wmap}
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,65 @@
+"""Typed errors and the one table that turns them into exit codes.
+
+Everything user input can trigger raises a :class:`QuantizeError` subclass whose message is one
+line naming the file or tensor, the rule it broke and the fix. The CLI prints ``error: <message>``
+and exits with ``exit_code``; tracebacks appear only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class QuantizeError(Exception):
+    """Base class: a domain error (exit code 1) with a one-line, actionable message."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, details: list[str] | None = None):
+        super().__init__(message)
+        self.message = message
+        # Further offenders of the same rule, one line each, printed after the message.
+        self.details = list(details or [])
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SourceError(QuantizeError):
+    """The source checkpoint is missing, unreadable, malformed or unsupported."""
+
+
+class PlanError(QuantizeError):
+    """The conversion cannot be planned: incompatible shapes, bad exclusions, bad recipe."""
+
+
+class DestinationError(QuantizeError):
+    """The destination exists, is locked, overlaps the source, or could not be written."""
+
+
+class NumericsError(QuantizeError):
+    """A tensor holds values that cannot be quantized (NaN or Inf)."""
+
+
+class CheckFailed(QuantizeError):
+    """`check` or `verify` found errors (their report has the details)."""
+
+
+class UsageError(QuantizeError):
+    """Bad command-line usage (unknown algorithm, malformed size, conflicting options)."""
+
+    exit_code = 2
+
+
+class Interrupted(QuantizeError):
+    """The run was stopped by a signal; the partial output is kept for --resume."""
+
+    exit_code = 130
+
+
+def format_error(err: QuantizeError, limit: int = 20) -> str:
+    """Render an error as the CLI prints it: the message, then up to `limit` detail lines."""
+    lines = [f"error: {err.message}"]
+    shown = err.details[:limit]
+    lines += [f"  - {d}" for d in shown]
+    if len(err.details) > limit:
+        lines.append(f"  ... and {len(err.details) - limit} more (see --report / --json)")
+    return "\n".join(lines)

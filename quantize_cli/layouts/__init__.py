@@ -1,0 +1,1 @@
+"""Kernel layouts (Marlin, CUTLASS, FlashInfer): pack() / unpack() per layout."""

@@ -1,0 +1,69 @@
+"""The scheme interface shared by every algorithm.
+
+A scheme turns one 2-D weight ``[N, K]`` (bf16, fp16 or fp32) into the named tensors ModelOpt
+writes beside it (``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``) and back.
+Schemes are pure torch: no files, no modules, any device.
+
+Every output is either 0-d (derived from the global amax alone) or indexed by output row along
+dim 0, so a tensor may be quantized in row chunks (multiples of ``row_align``) and the chunks
+concatenated: that is how large tensors are processed with bounded memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Spec = tuple[str, tuple[int, ...]]  # (safetensors dtype, shape)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One quantization algorithm.
+
+    Attributes:
+        algo: the CLI name (``FP8_PB_WO``).
+        quant_algo: the name written in ``hf_quant_config.json`` (``fp8_pb_wo``).
+        shares_global_amax: members of a fused group must share one global amax (one per-tensor
+            weight scale / ``weight_scale_2``), because vLLM keeps one such scale per fused layer.
+        static_input_scale: the calibration-free ``input_scale`` written for static-activation
+            algorithms (ModelOpt's convention: activation amax 448), or None when none is written.
+        group_size: the quantization group written in the configs (NVFP4: 16), else None.
+        row_align: row chunks passed to :meth:`quantize` must be multiples of this.
+    """
+
+    algo: str
+    quant_algo: str
+    shares_global_amax: bool = False
+    static_input_scale: float | None = None
+    group_size: int | None = None
+    row_align: int = 1
+
+    def shape_problem(self, shape: tuple[int, ...]) -> str | None:
+        """Why a weight of `shape` cannot be quantized with this scheme, or None if it can."""
+        if len(shape) != 2 or 0 in shape:
+            return f"needs a non-empty 2-D weight, got shape {list(shape)}"
+        return None
+
+    def outputs(self, shape: tuple[int, int]) -> dict[str, Spec]:
+        """The tensors written for a weight of `shape`: suffix -> (safetensors dtype, shape)."""
+        raise NotImplementedError
+
+    def global_amax(self, w: torch.Tensor) -> torch.Tensor:
+        """0-d fp32 max |w| (exact: abs/max run in the source dtype)."""
+        return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
+
+    def quantize(self, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Quantize `w` ``[N, K]``; `global_amax` (0-d fp32) overrides max |w| for shared scales."""
+        raise NotImplementedError
+
+    def dequantize(self, q: dict[str, torch.Tensor]) -> torch.Tensor:
+        """fp32 ``[N, K]`` reconstruction from the tensors :meth:`quantize` returned."""
+        raise NotImplementedError
+
+    @property
+    def input_scale_tensor(self) -> torch.Tensor | None:
+        if self.static_input_scale is None:
+            return None
+        return torch.tensor(self.static_input_scale, dtype=torch.float32)

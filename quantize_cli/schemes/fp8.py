@@ -1,0 +1,93 @@
+"""FP8 e4m3 reference: per-tensor, per-row and 128x128-block scales (design §4.1, spec §2.1-2.3).
+
+    scale = amax / 448 over the group (an all-zero group gets 1.0), fp32
+    q     = e4m3(clamp(w_fp32 / scale, -448, 448))          fp32 divide, then one rounding
+
+The clamp makes torch (NaN above 464) and Triton (saturating) casts agree; it never changes a
+value here because |w / scale| <= 448 up to one rounding, which e4m3 rounds to 448 anyway.
+Per-tensor FP8 divides in fp32 (the golden ``expected.weight``), not through ModelOpt's bf16
+quotient: it is more accurate and no loader can tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Scheme, Spec
+from .numerics import E4M3_MAX, block_amax, expand_blocks, scale_from_amax
+
+BLOCK = 128
+
+
+def fp8_cast(x: torch.Tensor) -> torch.Tensor:
+    """Clamp fp32 to the e4m3 range and cast (RNE)."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+@dataclass(frozen=True)
+class Fp8PerTensor(Scheme):
+    """``FP8``: one 0-d fp32 ``weight_scale``; static 0-d ``input_scale``."""
+
+    def outputs(self, shape):
+        out: dict[str, Spec] = {"weight": ("F8_E4M3", tuple(shape)), "weight_scale": ("F32", ())}
+        out["input_scale"] = ("F32", ())
+        return out
+
+    def quantize(self, w, global_amax=None):
+        amax = self.global_amax(w) if global_amax is None else global_amax.float()
+        scale = scale_from_amax(amax, E4M3_MAX)
+        return {
+            "weight": fp8_cast(w.float() / scale),
+            "weight_scale": scale,
+            "input_scale": self.input_scale_tensor,
+        }
+
+    def dequantize(self, q):
+        return q["weight"].float() * q["weight_scale"].to(q["weight"].device)
+
+
+@dataclass(frozen=True)
+class Fp8PerChannel(Scheme):
+    """``FP8_PER_CHANNEL_PER_TOKEN``: fp32 ``weight_scale [N]``, one per output row."""
+
+    def outputs(self, shape):
+        return {"weight": ("F8_E4M3", tuple(shape)), "weight_scale": ("F32", (shape[0],))}
+
+    def quantize(self, w, global_amax=None):
+        scale = scale_from_amax(block_amax(w, (1, w.shape[1])), E4M3_MAX)  # [N, 1]
+        return {"weight": fp8_cast(w.float() / scale), "weight_scale": scale.reshape(-1)}
+
+    def dequantize(self, q):
+        return q["weight"].float() * q["weight_scale"][:, None]
+
+
+@dataclass(frozen=True)
+class Fp8Block(Scheme):
+    """``FP8_PB_WO``: fp32 ``weight_scale [ceil(N/128), 1, ceil(K/128), 1]``, one per 128x128 block."""
+
+    def shape_problem(self, shape):
+        problem = super().shape_problem(shape)
+        if problem is None and (shape[0] % BLOCK or shape[1] % BLOCK):
+            problem = f"needs both dims divisible by {BLOCK} for 128x128 blocks (vLLM's FP8_PB_WO loader), got {list(shape)}"
+        return problem
+
+    def outputs(self, shape):
+        n, k = shape
+        return {"weight": ("F8_E4M3", (n, k)), "weight_scale": ("F32", (-(-n // BLOCK), 1, -(-k // BLOCK), 1))}
+
+    def quantize(self, w, global_amax=None):
+        scale = scale_from_amax(block_amax(w, (BLOCK, BLOCK)), E4M3_MAX)  # [nb, kb]
+        n, k = w.shape
+        if n % BLOCK == 0 and k % BLOCK == 0:  # broadcast over a 4-D view: no expanded scale copy
+            q = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]
+            q = fp8_cast(q).reshape(n, k)
+        else:
+            q = fp8_cast(w.float() / expand_blocks(scale, (BLOCK, BLOCK), (n, k)))
+        return {"weight": q, "weight_scale": scale[:, None, :, None].contiguous()}
+
+    def dequantize(self, q):
+        w = q["weight"]
+        s = q["weight_scale"][:, 0, :, 0]
+        return w.float() * expand_blocks(s, (BLOCK, BLOCK), tuple(w.shape))

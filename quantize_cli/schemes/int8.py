@@ -1,0 +1,30 @@
+"""INT8 reference: symmetric per-output-row int8, written as ModelOpt ``W8A16`` (spec §2.6).
+
+    scale = row amax / 127 (an all-zero row gets 1.0), fp32 [N]
+    q     = clamp(round_half_even(w_fp32 / scale), -128, 127)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Scheme
+from .numerics import INT8_MAX, block_amax, scale_from_amax
+
+
+@dataclass(frozen=True)
+class Int8PerChannel(Scheme):
+    """``INT8``: int8 ``weight [N, K]`` and fp32 ``weight_scale [N]``."""
+
+    def outputs(self, shape):
+        return {"weight": ("I8", tuple(shape)), "weight_scale": ("F32", (shape[0],))}
+
+    def quantize(self, w, global_amax=None):
+        scale = scale_from_amax(block_amax(w, (1, w.shape[1])), INT8_MAX)  # [N, 1]
+        q = torch.round(w.float() / scale).clamp(-128, 127).to(torch.int8)
+        return {"weight": q, "weight_scale": scale.reshape(-1)}
+
+    def dequantize(self, q):
+        return q["weight"].float() * q["weight_scale"][:, None]

@@ -1,0 +1,111 @@
+"""Number formats: constants, the one block-amax routine, E2M1 encoding and signal-to-noise.
+
+All scale math is fp32. Every scheme's scales come from :func:`block_amax`: per tensor, per row,
+per 128x128 block and per 16-element group are just different block shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+E2M1_MAX = 6.0  # largest E2M1 magnitude
+INT8_MAX = 127.0  # symmetric int8: scale = amax / 127, codes clamped to [-128, 127]
+NVFP4_GROUP = 16  # elements along K sharing one e4m3 scale
+NVFP4_SCALE_MIN = 2.0**-9  # block scales are clamped up to this (ModelOpt >= 0.45): no zero scales
+
+# Value of each E2M1 nibble: bit 3 is the sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+# Rounding boundaries between consecutive E2M1 magnitudes. At a tie the even code wins, so the
+# boundary belongs to the upper code when that code is even (0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0)
+# and to the lower code otherwise (0.25 -> 0, 1.25 -> 1.0, 2.5 -> 2.0, 5.0 -> 4.0).
+E2M1_UP_AT_TIE = (0.75, 1.75, 3.5)
+E2M1_DOWN_AT_TIE = (0.25, 1.25, 2.5, 5.0)
+
+
+def block_amax(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Max |w| over each ``block = (bn, bk)`` tile of a 2-D tensor, as fp32.
+
+    Edge tiles of shapes that are not block multiples cover only the real elements (zero padding
+    cannot change a max of absolute values). abs and max are exact in any float dtype, so the
+    reduction runs in the source dtype and only the small result is converted.
+
+    Example: ``w`` of shape ``[200, 96]`` with ``block=(128, 128)`` gives ``[2, 1]``;
+    ``block=(1, 16)`` on ``[N, K]`` gives ``[N, K // 16]``; ``block=(N, K)`` gives ``[1, 1]``.
+    """
+    n, k = w.shape
+    bn, bk = block
+    nb, kb = -(-n // bn), -(-k // bk)
+    if (bn, bk) == (n, k):
+        return w.abs().amax().float().reshape(1, 1) if w.numel() else torch.zeros(1, 1, device=w.device)
+    if n % bn or k % bk:
+        w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
+    return w.abs().reshape(nb, bn, kb, bk).amax(dim=(1, 3)).float()
+
+
+def scale_from_amax(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``amax / qmax`` in fp32, with an all-zero group getting scale 1.0 (ModelOpt's convention)."""
+    scale = amax.float() / qmax
+    return torch.where(amax == 0, torch.ones_like(scale), scale)
+
+
+def expand_blocks(scale: torch.Tensor, block: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """Broadcast a ``[nb, kb]`` per-block tensor to the element grid ``shape`` (cropping the edges)."""
+    bn, bk = block
+    n, k = shape
+    return scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+
+
+def e2m1_codes(q: torch.Tensor) -> torch.Tensor:
+    """Round fp32 values to E2M1 nibbles (uint8 0..15), nearest with ties to the even code.
+
+    Magnitudes above 5 saturate to 6 (code 7). The sign bit is set when ``q < 0``, so ``-0.0``
+    encodes as 0x0 while a tiny negative value that rounds to zero encodes as 0x8 (ModelOpt).
+    """
+    a = q.abs()
+    code = torch.zeros(q.shape, dtype=torch.uint8, device=q.device)
+    for t in E2M1_UP_AT_TIE:
+        code += a >= t
+    for t in E2M1_DOWN_AT_TIE:
+        code += a > t
+    return code | ((q < 0).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """Decode E2M1 nibbles (uint8 0..15) to fp32 values."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` nibbles -> ``[N, K/2]`` bytes, element 2j in the low nibble of byte j."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``[N, K/2]`` bytes -> ``[N, K]`` nibbles (inverse of :func:`pack_nibbles`)."""
+    lo, hi = packed & 0xF, packed >> 4
+    return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
+
+
+def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio ``20 log10(|ref| / |ref - approx|)`` in dB (inf if exact)."""
+    ref, approx = ref.double(), approx.double()
+    noise = torch.linalg.vector_norm(ref - approx).item()
+    signal = torch.linalg.vector_norm(ref).item()
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 20.0 * math.log10(signal / noise)
+
+
+def relative_error(ref: torch.Tensor, approx: torch.Tensor) -> float:
+    """``|ref - approx| / |ref|`` (Frobenius norms; 0 for an exact all-zero tensor)."""
+    ref, approx = ref.double(), approx.double()
+    signal = torch.linalg.vector_norm(ref).item()
+    noise = torch.linalg.vector_norm(ref - approx).item()
+    return 0.0 if noise == 0 else (noise / signal if signal else math.inf)

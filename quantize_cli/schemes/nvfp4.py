@@ -1,0 +1,86 @@
+"""NVFP4 reference: E2M1 values in 16-element groups, e4m3 group scales, fp32 global (spec §2.4).
+
+    weight_scale_2 = gamax / (6 * 448)                 gamax: max |w| over the fused group
+    bs   = block_amax / (6 * weight_scale_2)           fp32; an all-zero block gets 1.0
+    bs8  = e4m3(clamp(bs, 2^-9, 448))                  weight_scale [N, K/16], linear (not swizzled)
+    q    = w_fp32 / (float(bs8) * weight_scale_2)      rounded to E2M1, ties to the even code
+    byte j of a row = nibble(2j) | nibble(2j+1) << 4   weight uint8 [N, K/2]
+
+ModelOpt's order of operations is followed exactly (a product then one division), which is what
+makes the output byte-identical to its exporter. An all-zero tensor or fused group has gamax 0;
+like ModelOpt's export_amax it is treated as amax = 6 (E2M1's max), so weight_scale_2 = 1/448
+and every block scale is 1.0: no NaN, no Inf, and all-zero payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Scheme, Spec
+from .numerics import (
+    E2M1_MAX,
+    E4M3_MAX,
+    NVFP4_GROUP,
+    NVFP4_SCALE_MIN,
+    block_amax,
+    e2m1_codes,
+    e2m1_values,
+    pack_nibbles,
+    unpack_nibbles,
+)
+
+
+def global_scale(gamax: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 ``weight_scale_2 = gamax / 2688`` (gamax 0 counts as 6, see the module doc)."""
+    gamax = gamax.float()
+    gamax = torch.where(gamax == 0, torch.full_like(gamax, E2M1_MAX), gamax)
+    return gamax / (E2M1_MAX * E4M3_MAX)
+
+
+def block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
+    """e4m3 ``[N, K/16]`` group scales of `w` ``[N, K]`` against the global scale `wsf2`."""
+    bs = block_amax(w, (1, NVFP4_GROUP)) / (E2M1_MAX * wsf2)
+    bs = torch.where(bs == 0, torch.ones_like(bs), bs)
+    return bs.clamp(NVFP4_SCALE_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+@dataclass(frozen=True)
+class Nvfp4(Scheme):
+    """``NVFP4`` (static 0-d ``input_scale``) and ``W4A16_NVFP4`` (none): same weight tensors."""
+
+    def shape_problem(self, shape):
+        problem = super().shape_problem(shape)
+        if problem is None and shape[1] % NVFP4_GROUP:
+            problem = f"needs in-features (dim 1) divisible by {NVFP4_GROUP} for NVFP4 groups, got {list(shape)}"
+        return problem
+
+    def outputs(self, shape):
+        n, k = shape
+        out: dict[str, Spec] = {
+            "weight": ("U8", (n, k // 2)),
+            "weight_scale": ("F8_E4M3", (n, k // NVFP4_GROUP)),
+            "weight_scale_2": ("F32", ()),
+        }
+        if self.static_input_scale is not None:
+            out["input_scale"] = ("F32", ())
+        return out
+
+    def quantize(self, w, global_amax=None):
+        gamax = self.global_amax(w) if global_amax is None else global_amax
+        wsf2 = global_scale(gamax.to(w.device))
+        bs8 = block_scales(w, wsf2)
+        n, k = w.shape
+        denom = bs8.float() * wsf2  # [N, K/16]
+        q = (w.float().reshape(n, k // NVFP4_GROUP, NVFP4_GROUP) / denom[:, :, None]).reshape(n, k)
+        out = {"weight": pack_nibbles(e2m1_codes(q)), "weight_scale": bs8, "weight_scale_2": wsf2}
+        if self.static_input_scale is not None:
+            out["input_scale"] = self.input_scale_tensor
+        return out
+
+    def dequantize(self, q):
+        vals = e2m1_values(unpack_nibbles(q["weight"]))
+        n, k = vals.shape
+        s = q["weight_scale"].float() * q["weight_scale_2"].to(vals.device)
+        return (vals.reshape(n, k // NVFP4_GROUP, NVFP4_GROUP) * s[:, :, None]).reshape(n, k)

@@ -1,0 +1,58 @@
+"""Shared fixtures: golden vectors, synthetic checkpoints in tmp_path, byte-exact comparison."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def golden_case(name: str) -> dict[str, torch.Tensor]:
+    """Tensors of golden case `name` (``input.*`` and ``expected.*``)."""
+    return load_file(os.path.join(GOLDEN, "tensors", f"{name}.safetensors"))
+
+
+def golden_checkpoint(name: str) -> str:
+    return os.path.join(GOLDEN, "checkpoints", name)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, same shape, same bytes (0-d stays 0-d; -0.0 and +0.0 differ)."""
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def assert_same_bytes(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+    assert tuple(a.shape) == tuple(b.shape), f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    ua = a.contiguous().reshape(-1).view(torch.uint8)
+    ub = b.contiguous().reshape(-1).view(torch.uint8)
+    bad = (ua != ub).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.numel()} byte(s) differ, first at byte {bad[0].item()}"
+
+
+@pytest.fixture
+def make_checkpoint(tmp_path):
+    """Factory: ``make_checkpoint(tensors, config, shards=1, name="src") -> path``."""
+
+    def make(tensors, config, shards=1, name="src", sidecars=True):
+        return write_checkpoint(str(tmp_path / name), tensors, config, shards=shards, sidecars=sidecars)
+
+    return make
+
+
+@pytest.fixture
+def tiny_llama(make_checkpoint):
+    """A 2-layer bf16 Llama (hidden 256) in 2 shards; k_proj x0.25 and up_proj x4 so fused scales differ."""
+    cfg = llama_config()
+    t = llama_tensors(cfg, seed=1)
+    t["model.layers.0.self_attn.k_proj.weight"] *= 0.25
+    t["model.layers.1.mlp.up_proj.weight"] *= 4
+    return make_checkpoint(t, cfg, shards=2)
