@@ -190,7 +190,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
 
     bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
     try:
-        executor = Executor(plan, writer, dev, chunk_bytes=max(16 << 20, budget // 8), hold_bytes=budget // 4,
+        executor = Executor(plan, writer, dev, chunk_bytes=max(64 << 10, budget // 8), hold_bytes=budget // 4,
                             measure_error=measure, progress=bar.update)
         stats = executor.run()
     finally:

@@ -102,11 +102,6 @@ class Plan:
         return plan_json(self)
 
 
-def natural_key(name: str) -> list:
-    """Sort key putting ``layers.2`` before ``layers.10``."""
-    return _natural(name)
-
-
 def parse_size(text: str | int) -> int:
     """``"5GB"`` -> 5_000_000_000, ``"512MiB"`` -> 536_870_912, ``1234`` -> 1234 (bytes)."""
     if isinstance(text, int):
