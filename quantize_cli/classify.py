@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo
+from .experts import expert_names
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 
@@ -84,15 +85,19 @@ def subtree_root(name: str, recipe: Recipe, num_layers: int | None) -> tuple[str
 
 
 def vllm_prefix(module: str, recipe: Recipe) -> tuple[str, str | None]:
-    """vLLM's module prefix for an HF module, and the fused prefix if it is a fused member.
+    """vLLM's module prefix for an HF module, and the group sharing its global scale, if any.
 
     Example: ``model.layers.0.self_attn.k_proj`` -> ``("model.layers.0.self_attn.qkv_proj", same)``;
-    an expert ``model.layers.0.mlp.experts.3.up_proj`` -> ``("model.layers.0.mlp.experts", None)``.
+    an expert ``model.layers.0.mlp.experts.3.up_proj`` -> ``("model.layers.0.mlp.experts",
+    "model.layers.0.mlp.experts.3.gate_proj+up_proj")``: vLLM loads all experts as one module and
+    fuses each expert's gate and up (w1/w3) into w13.
     """
     parent, _, last = module.rpartition(".")
     experts = expert_container(module)
     if experts:
-        return experts, None
+        names = expert_names(recipe)
+        pair = f"{parent}.{names['gate']}+{names['up']}" if last in (names["gate"], names["up"]) else None
+        return experts, pair
     fused = recipe.member_to_fused().get(last)
     if fused and fused != last:
         p = f"{parent}.{fused}" if parent else fused
@@ -160,6 +165,8 @@ def fused_groups(mods: dict[str, Module], recipe: Recipe) -> dict[str, list[Modu
         if mod.kind == LINEAR and mod.fused_group:
             groups.setdefault(mod.fused_group, []).append(mod)
     rank = {m: i for members in recipe.fused.values() for i, m in enumerate(members)}
+    names = expert_names(recipe)
+    rank.update({names["gate"]: 0, names["up"]: 1})
     return {
         k: sorted(v, key=lambda m: rank.get(m.name.rpartition(".")[2], 0))
         for k, v in sorted(groups.items(), key=lambda kv: natural_key(kv[0]))

@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from .errors import QuantizeError, format_error
+from .signals import stop_on_signals
 
 ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -22,7 +23,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def _run(debug: bool, fn, *args, **kwargs):
     """Call the library; turn its errors into one-line messages and exit codes."""
     try:
-        return fn(*args, **kwargs)
+        return stop_on_signals(fn)(*args, **kwargs)  # SIGTERM/SIGHUP like Ctrl-C: clean up, exit 130
     except QuantizeError as exc:
         if debug:
             raise

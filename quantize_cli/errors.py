@@ -7,6 +7,27 @@ and exits with ``exit_code``; tracebacks appear only with ``--debug``.
 
 from __future__ import annotations
 
+import os
+import re
+
+# Environment variables that may hold a Hugging Face token; their values never appear in a message.
+TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN", "HF_API_TOKEN")
+_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
+
+
+def redact(text: str) -> str:
+    """`text` with Hub tokens (the values of :data:`TOKEN_VARS`, anything shaped ``hf_...``) replaced by ``***``."""
+    for var in TOKEN_VARS:
+        value = os.environ.get(var, "").strip()
+        if len(value) >= 8:
+            text = text.replace(value, "***")
+    return _TOKEN_SHAPE.sub("***", text)
+
+
+def _one_line(text: str) -> str:
+    """Redacted, and on one line: names from strangers' files may hold newlines."""
+    return " ".join(redact(str(text)).splitlines())
+
 
 class QuantizeError(Exception):
     """Base class: a domain error (exit code 1) with a one-line, actionable message."""
@@ -14,10 +35,11 @@ class QuantizeError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, *, details: list[str] | None = None):
+        message = _one_line(message)
         super().__init__(message)
         self.message = message
         # Further offenders of the same rule, one line each, printed after the message.
-        self.details = list(details or [])
+        self.details = [_one_line(d) for d in details or []]
 
     def __str__(self) -> str:
         return self.message

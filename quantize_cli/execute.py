@@ -18,6 +18,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor
 from .checkpoint.writer import ShardWriter
 from .errors import NumericsError
+from .experts import ViewedTensor
 from .plan import Member, Plan, Task
 from .schemes.numerics import relative_error, sqnr_db
 
@@ -73,6 +74,8 @@ class Executor:
         self.stats = RunStats()
         self.done = done or set()
         self.on_task_done = on_task_done or (lambda i: None)
+        self._slab_key: tuple | None = None
+        self._slab: torch.Tensor | None = None
 
     def run(self) -> RunStats:
         for index, task in enumerate(self.plan.tasks):
@@ -83,11 +86,16 @@ class Executor:
                 self._copy(task.copy)  # type: ignore[arg-type]
             else:
                 self._quantize(task)
+            self._slab_key = self._slab = None
             self.on_task_done(index)
         return self.stats
 
     # -- copies ---------------------------------------------------------------------------
     def _copy(self, info: TensorInfo) -> None:
+        if isinstance(info, ViewedTensor):  # a transposed expert slice: materialise it
+            self.writer.write(info.name, self._read(info))
+            self._consumed(info.nbytes)
+            return
         buf = torch.empty(min(info.nbytes, COPY_CHUNK), dtype=torch.uint8)
         view = byte_view(buf) if buf.numel() else memoryview(b"")
         for start in range(0, info.nbytes, COPY_CHUNK):
@@ -101,13 +109,25 @@ class Executor:
     # -- quantization ---------------------------------------------------------------------
     def _rows_per_chunk(self, info: TensorInfo) -> int:
         n = info.shape[0]
+        if isinstance(info, ViewedTensor):
+            return n  # a view of one expert's slab is read whole
         row_bytes = max(1, info.nbytes // max(n, 1))
         align = self.scheme.row_align
         rows = max(align, (self.chunk_bytes // row_bytes) // align * align)
         return min(rows, n)
 
+    def _read(self, info: TensorInfo, start: int = 0, rows: int | None = None) -> torch.Tensor:
+        """Rows of a source tensor on the CPU; views of a fused-expert slab share one slab read."""
+        if not isinstance(info, ViewedTensor):
+            return read_tensor(info, start, rows)
+        key = (info.path, info.offset)
+        if self._slab_key != key:
+            self._slab_key, self._slab = key, read_tensor(info.slab)
+        t = info.apply(self._slab)
+        return t if rows is None else t[start : start + rows]
+
     def _load(self, info: TensorInfo, start: int = 0, rows: int | None = None) -> torch.Tensor:
-        t = read_tensor(info, start, rows)
+        t = self._read(info, start, rows)
         if self.device.type != "cpu":
             t = t.pin_memory().to(self.device, non_blocking=True)
         return t
@@ -184,7 +204,7 @@ def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
 
 
 def raise_non_finite(info: TensorInfo):
-    w = read_tensor(info).float()
+    w = (info.apply(read_tensor(info.slab)) if isinstance(info, ViewedTensor) else read_tensor(info)).float()
     bad = (~torch.isfinite(w)).nonzero()
     where = f" (first at {bad[0].tolist()}, {int(bad.shape[0])} element(s))" if bad.numel() else ""
     raise NumericsError(

@@ -16,6 +16,8 @@ from .checkpoint.safetensors_io import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
 from .exclusions import build_exclude_modules, verify_exclusions
+from .experts import expand
+from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
 
@@ -128,6 +130,34 @@ def _problems_for_groups(plan_mods: dict[str, Module], groups: dict[str, list[Mo
     return out
 
 
+def _user_excludes(module: str, patterns) -> bool:
+    return any(match_reason(module, e) for p in patterns for e in vllm_rewrite([p]))
+
+
+def _moe_problems(mods: dict[str, Module], scheme: Scheme) -> list[str]:
+    """Partial expert exclusions, and expert formats vLLM's ModelOpt MoE path cannot serve."""
+    layers: dict[str, list[Module]] = {}
+    for m in mods.values():
+        if m.kind == LINEAR and m.vllm_prefix.endswith("experts") and m.vllm_prefix != m.name:
+            layers.setdefault(m.vllm_prefix, []).append(m)
+    out = []
+    for prefix, experts in layers.items():
+        kept = [m.name for m in experts if not m.quantize]
+        if kept and len(kept) != len(experts):
+            out.append(
+                f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
+                f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"
+            )
+    served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
+    if served and not scheme.moe_served:
+        out.append(
+            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), "
+            f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
+            f"the source dtype, or choose --algo NVFP4 / W4A16_NVFP4 / FP8"
+        )
+    return out
+
+
 def _outputs(mods: dict[str, Module], scheme: Scheme) -> dict[str, OutTensor]:
     outs: dict[str, OutTensor] = {}
     for mod in mods.values():
@@ -194,21 +224,23 @@ def build_plan(
     num_layers = source.config.get("num_hidden_layers")
     if not isinstance(num_layers, int):
         num_layers = (source.config.get("text_config") or {}).get("num_hidden_layers")
-    mods = classify(source.tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
+    tensors, problems = expand(source.tensors, recipe, lambda module: _user_excludes(module, exclude))
+    mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
-    problems = _problems_for_groups(mods, groups)
+    problems += _problems_for_groups(mods, groups) + _moe_problems(mods, scheme)
     for mod in mods.values():
         if mod.quantize:
             why = scheme.shape_problem(mod.weight.shape)  # type: ignore[union-attr]
             if why:
+                target = mod.vllm_prefix if mod.vllm_prefix != mod.name else mod.name  # whole fused group / MoE layer
                 problems.append(
                     f"{mod.weight.name} {list(mod.weight.shape)}: {scheme.algo} {why}; "  # type: ignore[union-attr]
-                    f"fix: --exclude {mod.name!r} (or all of its fused group), or choose another --algo"
+                    f"fix: --exclude {target!r}, or choose another --algo"
                 )
     packed = dict(recipe.fused)
     entries = build_exclude_modules(mods, packed)
     problems += verify_exclusions(mods, entries, packed)
-    order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in source.tensors.values()))}
+    order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
     outs, shard_names = _assign_shards(_outputs(mods, scheme), max_shard_size)
     warnings = list(source.warnings)
     if scheme.static_input_scale is not None and any(m.quantize for m in mods.values()):

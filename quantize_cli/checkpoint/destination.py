@@ -34,6 +34,7 @@ class Destination:
         self.partial = os.path.join(parent, f".{name}.partial")
         self.overwrite = overwrite
         self._lock_fd: int | None = None
+        self._keep = False  # keep the partial folder on discard (commit found a new DST in the way)
         if src_root is not None:
             self._check_overlap(os.path.realpath(src_root))
         if os.path.lexists(self.dst) and not overwrite:
@@ -43,16 +44,23 @@ class Destination:
 
     def _check_overlap(self, src: str) -> None:
         dst = os.path.realpath(self.dst)
-        if dst == src or _is_within(dst, src):
+        if dst == src:
+            raise DestinationError(f"{self.dst}: is the source checkpoint itself; write the output to another folder")
+        if _is_within(dst, src):
             raise DestinationError(f"{self.dst}: is inside the source checkpoint {src}; write the output elsewhere")
         if _is_within(src, dst):
             raise DestinationError(f"{self.dst}: contains the source checkpoint {src}; write the output elsewhere")
+        partial = os.path.realpath(self.partial)
+        if _is_within(partial, src) or _is_within(src, partial):
+            raise DestinationError(f"{self.dst}: its work folder {self.partial} overlaps the source {src}; write the output elsewhere")
 
     def acquire(self, resume: bool = False) -> bool:
         """Create/lock the partial folder. Returns True if it held earlier work (to resume)."""
+        if os.path.islink(self.partial) or (os.path.lexists(self.partial) and not os.path.isdir(self.partial)):
+            raise DestinationError(f"{self.partial}: exists and is not a work folder (a link or a file); remove it and rerun")
         try:
             os.makedirs(self.partial, exist_ok=True)
-            fd = os.open(os.path.join(self.partial, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(os.path.join(self.partial, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise DestinationError(f"{self.partial}: cannot create the work folder ({exc.strerror}); check permissions and space") from exc
         try:
@@ -62,39 +70,66 @@ class Destination:
             raise DestinationError(
                 f"{self.dst}: another quantize run is writing it (lock {self.partial}/{LOCK_NAME}); wait for it or choose another -o"
             ) from None
-        self._lock_fd = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        earlier = [e for e in os.listdir(self.partial) if e != LOCK_NAME]
-        if earlier and not resume:
-            for entry in earlier:
-                path = os.path.join(self.partial, entry)
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        self._lock_fd = fd  # from here on this run owns the work folder (discard may remove it)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            earlier = [e for e in os.listdir(self.partial) if e != LOCK_NAME]
+            if earlier and not resume:
+                for entry in earlier:
+                    path = os.path.join(self.partial, entry)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        except OSError as exc:
+            raise DestinationError(f"{self.partial}: cannot prepare the work folder ({exc.strerror}); check permissions and space") from exc
         return bool(earlier) and resume
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.partial, *parts)
 
     def commit(self) -> None:
-        """Atomically publish the partial folder as DST (replacing an old DST if allowed)."""
-        os.unlink(os.path.join(self.partial, LOCK_NAME))
-        _fsync_dir(self.partial)
-        old = None
-        if os.path.lexists(self.dst):
-            if not self.overwrite:  # appeared while we worked
-                raise DestinationError(f"{self.dst}: appeared during the run; output kept in {self.partial}")
-            old = os.path.join(self.parent, f".{os.path.basename(self.dst)}.old-{os.getpid()}")
-            os.rename(self.dst, old)
-        os.rename(self.partial, self.dst)
-        _fsync_dir(self.parent)
-        self.release()
+        """Atomically publish the partial folder as DST (replacing an old DST if allowed).
+
+        The renames run with SIGINT/SIGTERM held back (:func:`quantize_cli.signals.deferred`), so
+        an interruption lands before or after them, never between: DST is the old folder or the
+        complete new one. An OSError leaves the old DST in place.
+        """
+        from ..signals import deferred
+
+        with deferred():
+            old = None
+            if os.path.lexists(self.dst) and not self.overwrite:  # appeared while we worked
+                self._keep = True
+                raise DestinationError(f"{self.dst}: appeared during the run; the new output is kept in {self.partial}; move it yourself")
+            try:
+                os.unlink(os.path.join(self.partial, LOCK_NAME))
+                _fsync_dir(self.partial)
+                if os.path.lexists(self.dst):
+                    old = os.path.join(self.parent, f".{os.path.basename(self.dst)}.old-{os.getpid()}")
+                    os.rename(self.dst, old)
+                try:
+                    os.rename(self.partial, self.dst)
+                except OSError:
+                    if old:
+                        os.rename(old, self.dst)
+                        old = None
+                    raise
+                _fsync_dir(self.parent)
+            except OSError as exc:
+                raise DestinationError(f"{self.dst}: cannot publish the finished output ({exc.strerror}); check permissions and space") from exc
+            self.release()
         if old:
             shutil.rmtree(old, ignore_errors=True)
 
     def discard(self) -> None:
-        """Remove the partial folder (used for failures that resume cannot help)."""
+        """Remove the partial folder (used for failures that resume cannot help).
+
+        Only a run that holds the lock removes it: a run refused because another one is writing
+        DST must not delete that run's work.
+        """
+        owned = self._lock_fd is not None
         self.release()
-        shutil.rmtree(self.partial, ignore_errors=True)
+        if owned and not self._keep:
+            shutil.rmtree(self.partial, ignore_errors=True)
 
     def release(self) -> None:
         if self._lock_fd is not None:

@@ -27,6 +27,9 @@ from ..errors import SourceError
 # Header JSON larger than this is refused before it is read (the safetensors library uses 100 MB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
+# More dimensions than torch supports cannot be a real tensor.
+MAX_RANK = 64
+
 # safetensors dtype name -> (bits per element, torch dtype name or None when torch lacks it).
 DTYPES: dict[str, tuple[int, str | None]] = {
     "BOOL": (8, "bool"),
@@ -139,12 +142,16 @@ def read_header(path: str, display: str | None = None) -> Header:
             raw = f.read(n)
     except OSError as exc:
         raise SourceError(f"{where}: cannot read ({exc.strerror or exc}); check the path and permissions") from exc
+    if len(raw) != n:  # the file shrank between stat and read
+        raise SourceError(f"{where}: file ended inside its {n}-byte header; the file is truncated; {fix}")
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except UnicodeDecodeError as exc:
         raise SourceError(f"{where}: header is not UTF-8 ({exc.reason} at byte {exc.start}); {fix}") from exc
-    except ValueError as exc:
-        raise SourceError(f"{where}: header is not valid JSON ({exc}); {fix}") from exc
+    except RecursionError:
+        raise SourceError(f"{where}: header JSON is nested too deeply to be a safetensors header; {fix}") from None
+    except ValueError as exc:  # JSONDecodeError, duplicate keys, integers too long to convert
+        raise SourceError(f"{where}: header is not valid JSON ({_one_line(exc)}); {fix}") from exc
     if not isinstance(doc, dict):
         raise SourceError(f"{where}: header must be a JSON object, got {type(doc).__name__}; {fix}")
     data_start = 8 + n
@@ -152,10 +159,28 @@ def read_header(path: str, display: str | None = None) -> Header:
     return Header(path=path, tensors=tensors, metadata=metadata, data_start=data_start, file_size=file_size)
 
 
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    if "integer string conversion" in text:  # Python's advice (set_int_max_str_digits) is not the user's fix
+        text = "an integer with thousands of digits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _num(n: int) -> str:
+    """A byte count for a message; absurd values (thousands of digits) are not spelled out."""
+    return str(n) if n < 10**30 else "more than 10^30"
+
+
+def _short(value: object, limit: int = 120) -> str:
+    """repr(value) on one line, cut to `limit` characters (names and shapes come from strangers)."""
+    return _one_line(repr(value), limit)
+
+
 def _parse_entries(doc: dict, where: str, data_len: int, path: str, data_start: int):
-    metadata = doc.pop("__metadata__", None) or {}
+    metadata = doc.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise SourceError(f"{where}: __metadata__ must map strings to strings; re-export the file")
+        raise SourceError(f"{where}: __metadata__ must map strings to strings; the file is corrupt; re-export it")
     tensors: dict[str, TensorInfo] = {}
     spans = []
     for name, entry in doc.items():
@@ -165,32 +190,34 @@ def _parse_entries(doc: dict, where: str, data_len: int, path: str, data_start: 
     spans.sort()
     for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
-            raise SourceError(f"{where}: tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0}); the file is corrupt; re-export it")
+            raise SourceError(f"{where}: tensors {_short(n0)} and {_short(n1)} overlap (bytes {b1}..{e0}); the file is corrupt; re-export it")
     return tensors, metadata
 
 
 def _parse_entry(name, entry, where, data_len, path, data_start) -> TensorInfo:
-    bad = f"{where}: tensor {name!r}"
+    bad = f"{where}: tensor {_short(name)}"
     if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"} or len(entry) != 3:
         raise SourceError(f"{bad} must have exactly dtype, shape and data_offsets; the file is corrupt")
     dtype, shape, offs = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
-        raise SourceError(f"{bad} has unknown dtype {dtype!r} (known: {', '.join(DTYPES)}); convert it to a standard dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise SourceError(f"{bad} has unknown dtype {_short(dtype, 60)} (known: {', '.join(DTYPES)}); convert it to a standard dtype")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise SourceError(f"{bad} has an invalid shape {shape!r}: must be a list of non-negative integers")
+        raise SourceError(f"{bad} has an invalid shape {_short(shape)}: must be a list of non-negative integers")
+    if len(shape) > MAX_RANK:  # also bounds the big-integer product below
+        raise SourceError(f"{bad} has {len(shape)} dimensions, more than torch's {MAX_RANK}; the file is corrupt")
     if (
         not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
         or not 0 <= offs[0] <= offs[1]
     ):
-        raise SourceError(f"{bad} has invalid data_offsets {offs!r}: must be [begin, end] with 0 <= begin <= end")
+        raise SourceError(f"{bad} has invalid data_offsets {_short(offs)}: must be [begin, end] with 0 <= begin <= end")
     size = nbytes_of(dtype, tuple(shape))
     if offs[1] - offs[0] != size:
         raise SourceError(
-            f"{bad}: data_offsets span {offs[1] - offs[0]} bytes but {dtype}{shape} needs {size}; the file is corrupt"
+            f"{bad}: data_offsets span {_num(offs[1] - offs[0])} bytes but {dtype}{_short(shape, 80)} needs {_num(size)}; the file is corrupt"
         )
     if offs[1] > data_len:
         raise SourceError(
-            f"{bad} ends at data byte {offs[1]} but the file holds only {data_len}; the file is truncated; re-download it"
+            f"{bad} ends at data byte {_num(offs[1])} but the file holds only {data_len}; the file is truncated; re-download it"
         )
     return TensorInfo(name, dtype, tuple(shape), path, data_start + offs[0], size)
 
@@ -198,13 +225,21 @@ def _parse_entry(name, entry, where, data_len, path, data_start) -> TensorInfo:
 def read_bytes_into(info: TensorInfo, out: memoryview, start: int = 0, length: int | None = None) -> None:
     """Read `length` bytes of `info` (from byte `start` within the tensor) into `out`."""
     length = info.nbytes - start if length is None else length
-    fd = os.open(info.path, os.O_RDONLY)
+    try:
+        fd = os.open(info.path, os.O_RDONLY)
+    except OSError as exc:
+        raise SourceError(f"{info.path}: cannot open to read {info.name!r} ({exc.strerror}); was the source changed during the run?") from exc
     try:
         got = 0
         while got < length:
-            n = os.preadv(fd, [out[got:length]], info.offset + start + got)
+            try:
+                n = os.preadv(fd, [out[got:length]], info.offset + start + got)
+            except OSError as exc:
+                raise SourceError(f"{info.path}: read error in {info.name!r} ({exc.strerror}); check the disk and re-download the file") from exc
             if n == 0:
-                raise SourceError(f"{info.path}: unexpected end of file while reading {info.name!r}; the file is truncated")
+                raise SourceError(
+                    f"{info.path}: unexpected end of file while reading {info.name!r}; the file was truncated during the run; re-download it"
+                )
             got += n
     finally:
         os.close(fd)

@@ -20,9 +20,11 @@ INDEX_NAME = "model.safetensors.index.json"
 # Files that are never copied as sidecars: weights, their index, configs we rewrite, pickles
 # (never read, never copied: the converter only trusts safetensors) and quantizer state.
 _NOT_SIDECARS = re.compile(
-    r"(.*\.safetensors|.*\.safetensors\.index\.json|config\.json|hf_quant_config\.json|quant_config\.json"
-    r"|.*\.(bin|pt|pth|ckpt|pkl|pickle|msgpack|h5|gguf)|\..*)$"
+    r"(.*\.safetensors|.*\.index\.json|config\.json|hf_quant_config\.json|quant_config\.json"
+    r"|.*\.(bin|pt|pth|ckpt|pkl|pickle|msgpack|h5|gguf|onnx|ot|npy|npz|joblib|tflite|keras)|\..*)$"
 )
+# config.json and the index are read whole; anything larger is not a checkpoint's JSON.
+MAX_JSON_BYTES = 64 * 1024 * 1024
 # Patterns fetched from the Hub: weights, index, configs, tokenizer and other small sidecars.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py", "*.md"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -79,47 +81,127 @@ def _download(repo_id: str, revision: str | None, quiet: bool) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    if "integer string conversion" in str(exc):  # Python's advice (set_int_max_str_digits) is not the user's fix
+        return "an integer with thousands of digits"
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
 
 
-def _inside(root: str, rel: str, allow_hub_links: bool) -> str:
-    """The real path of `rel` inside `root`, refusing anything that escapes the checkpoint."""
-    if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
-        raise SourceError(f"{root}: index names {rel!r}, a path outside the checkpoint; fix the index")
+def _short(value: object, limit: int = 120) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hub_blobs(root: str) -> str | None:
+    """``<repo>/blobs`` when `root` is a Hub cache snapshot (``<repo>/snapshots/<rev>``), else None.
+
+    The cache's own files are links from the snapshot into the repo's blob store; those links
+    are the one way out of SRC that is allowed.
+    """
+    real = os.path.realpath(root)
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) != "snapshots":
+        return None
+    blobs = os.path.join(os.path.dirname(parent), "blobs")
+    return blobs if os.path.isdir(blobs) and not os.path.islink(blobs) else None
+
+
+def _inside(root: str, rel: str, referrer: str) -> str:
+    """The path of `rel` inside `root`, refusing anything that leads out of the checkpoint.
+
+    `rel` must be a plain relative path (no ``..``, not absolute, normalised); its real path
+    (links followed) must lie in `root`, or in the Hub cache's blob store when `root` is a cache
+    snapshot. `referrer` is the file that named `rel` (the index), or `root` for a listing.
+    """
+    parts = rel.replace("\\", "/").split("/")
+    bad = None
+    if not rel or "\x00" in rel or os.path.isabs(rel) or ".." in parts:
+        bad = "a path outside the checkpoint; only files inside SRC are read"
+    else:
+        try:
+            os.fsencode(rel)
+        except UnicodeError:
+            bad = "not a valid file name"
+        else:
+            if os.path.normpath(rel) != rel:
+                bad = f"not a plain relative path (write {_short(os.path.normpath(rel))})"
+    if bad:
+        raise SourceError(f"{referrer}: names {_short(rel)}, {bad}; fix {os.path.basename(referrer)}")
     path = os.path.join(root, rel)
-    real = os.path.realpath(path)
-    base = os.path.realpath(root)
-    if allow_hub_links:
-        # A Hub cache snapshot links into the repo's own blob store: <repo>/snapshots/<rev>/f -> <repo>/blobs/x
-        base = os.path.dirname(os.path.dirname(base))
-    if os.path.commonpath([real, base]) != base:
-        raise SourceError(f"{path}: resolves to {real}, outside the checkpoint; refusing to read it")
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot resolve ({exc}); fix {os.path.basename(referrer)}") from None
+    bases = [os.path.realpath(root)]
+    blobs = _hub_blobs(root)
+    if blobs:
+        bases.append(blobs)
+    if not any(os.path.commonpath([real, b]) == b for b in bases):
+        raise SourceError(
+            f"{path}: is a link to {real}, outside the checkpoint; refusing to read it; copy the file into SRC instead of linking"
+        )
     return path
 
 
 def _load_json(path: str, what: str) -> dict:
+    if not os.path.lexists(path):
+        raise SourceError(f"{path}: {what} is missing; a Hugging Face checkpoint needs it")
+    if not os.path.isfile(path):  # a folder, a FIFO (open() would block), a dangling link
+        raise SourceError(f"{path}: {what} is not a regular file; replace it with the real file")
+    size = os.path.getsize(path)
+    if size > MAX_JSON_BYTES:
+        raise SourceError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON can be; fix or re-download it")
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except FileNotFoundError:
-        raise SourceError(f"{path}: {what} is missing; a Hugging Face checkpoint needs it") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SourceError(f"{path}: {what} is not valid JSON ({exc}); fix or re-download it") from exc
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start}); fix or re-download it") from exc
+    except RecursionError:
+        raise SourceError(f"{path}: {what} is nested too deeply to be valid; fix or re-download it") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        raise SourceError(f"{path}: {what} is not valid JSON ({_first_line(exc)}); fix or re-download it") from exc
     except OSError as exc:
         raise SourceError(f"{path}: cannot read {what} ({exc.strerror}); check permissions") from exc
     if not isinstance(doc, dict):
-        raise SourceError(f"{path}: {what} must be a JSON object; fix or re-download it")
+        raise SourceError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}; fix or re-download it")
     return doc
+
+
+# config.json keys the converter reads, with the JSON types they must have when present.
+_CONFIG_TYPES = {
+    "model_type": (str,),
+    "num_hidden_layers": (int,),
+    "text_config": (dict,),
+}
+
+
+def _check_config(config: dict, path: str) -> None:
+    for key, types in _CONFIG_TYPES.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise SourceError(
+                f"{path}: '{key}' is {type(value).__name__} {_short(value, 60)}, expected {types[0].__name__}; fix config.json"
+            )
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("num_hidden_layers") is not None:
+        n = text["num_hidden_layers"]
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise SourceError(f"{path}: 'text_config.num_hidden_layers' is {_short(n, 60)}, expected an integer; fix config.json")
 
 
 def _shard_names(root: str) -> tuple[list[str], dict | None]:
     index_path = os.path.join(root, INDEX_NAME)
-    if os.path.exists(index_path):
+    if os.path.lexists(index_path):
         index = _load_json(index_path, "the safetensors index")
         wmap = index.get("weight_map")
         if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
             raise SourceError(f"{index_path}: 'weight_map' must map tensor names to shard files; fix the index")
+        for fname in sorted(set(wmap.values())):
+            if not fname.endswith(".safetensors"):
+                raise SourceError(
+                    f"{index_path}: weight_map names {_short(fname)}, not a *.safetensors file; only safetensors are read; fix the index"
+                )
+            _inside(root, fname, index_path)
         return sorted(set(wmap.values())), wmap
     files = sorted(f for f in os.listdir(root) if f.endswith(".safetensors"))
     if not files:
@@ -130,45 +212,73 @@ def _shard_names(root: str) -> tuple[list[str], dict | None]:
 def open_source(src: str, revision: str | None = None, quiet: bool = True) -> Source:
     """Resolve and read SRC's config and headers; raise :class:`SourceError` on anything malformed."""
     root, from_hub = resolve_path(src, revision, quiet)
-    config = _load_json(os.path.join(root, "config.json"), "config.json")
+    config_path = os.path.join(root, "config.json")
+    if not os.path.lexists(config_path) and not any(f.endswith(".safetensors") for f in _listdir(root)):
+        raise SourceError(f"{src}: not a Hugging Face checkpoint (no config.json, no *.safetensors); check the path")
+    config = _load_json(config_path, "config.json")
+    _check_config(config, config_path)
     names, wmap = _shard_names(root)
     tensors: dict[str, TensorInfo] = {}
     owner: dict[str, str] = {}
     warnings: list[str] = []
+    referrer = os.path.join(root, INDEX_NAME) if wmap is not None else root
     for name in names:
-        path = _inside(root, name, from_hub)
+        path = _inside(root, name, referrer)
+        if not os.path.lexists(path):
+            raise SourceError(f"{path}: shard named by {INDEX_NAME} is missing; re-download the checkpoint")
         if not os.path.isfile(path):
-            raise SourceError(f"{path}: shard named by the index is missing; re-download the checkpoint")
+            raise SourceError(f"{path}: shard is not a regular file (a folder, device, FIFO or broken link); replace it with the real file")
         header = read_header(path, display=os.path.join(src, name) if not from_hub else f"{src}:{name}")
         for tname, info in header.tensors.items():
             if tname in owner:
-                raise SourceError(f"tensor {tname!r} is in both {owner[tname]} and {name}; the checkpoint is inconsistent")
+                raise SourceError(
+                    f"tensor {_short(tname)} is in both {owner[tname]} and {name}; the checkpoint is inconsistent; "
+                    "remove the stray copy or re-download"
+                )
             owner[tname] = name
             tensors[tname] = info
     if wmap is not None:
         for tname, fname in sorted(wmap.items()):
             if owner.get(tname) != fname:
                 where = f"in {owner[tname]}" if tname in owner else "in no shard"
-                raise SourceError(f"{INDEX_NAME}: tensor {tname!r} is indexed to {fname} but is {where}; fix the index")
+                raise SourceError(f"{referrer}: tensor {_short(tname)} is indexed to {fname} but is {where}; fix the index or re-download")
         extra = sorted(set(tensors) - set(wmap))
         if extra:
             warnings.append(f"{len(extra)} tensor(s) are in shards but not in the index (kept): {', '.join(extra[:5])}")
     if not tensors:
-        raise SourceError(f"{src}: the checkpoint holds no tensors")
-    source = Source(src, root, config, tensors, names, _sidecars(root, from_hub), from_hub, warnings)
+        raise SourceError(f"{src}: the checkpoint holds no tensors; convert a checkpoint with weights")
+    sidecars, skipped = _sidecars(root)
+    warnings += skipped
+    source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings)
     refuse_quantized(source)
     return source
 
 
-def _sidecars(root: str, from_hub: bool) -> list[str]:
-    out = []
-    for name in sorted(os.listdir(root)):
+def _listdir(root: str) -> list[str]:
+    try:
+        return os.listdir(root)
+    except OSError as exc:
+        raise SourceError(f"{root}: cannot list the folder ({exc.strerror}); check permissions") from exc
+
+
+def _sidecars(root: str) -> tuple[list[str], list[str]]:
+    """Files copied to DST unchanged (tokenizer, generation config ...), and warnings for skipped ones.
+
+    Only regular files whose real path lies inside SRC (or the Hub cache's blob store) are
+    copied; a sidecar linking out of SRC is refused, one that is not a regular file is skipped.
+    Weights, pickles and the configs we rewrite are never copied (see ``_NOT_SIDECARS``).
+    """
+    out, skipped = [], []
+    for name in sorted(_listdir(root)):
         path = os.path.join(root, name)
-        if _NOT_SIDECARS.match(name) or not os.path.isfile(path):
+        if _NOT_SIDECARS.match(name) or os.path.isdir(path):
             continue
-        _inside(root, name, from_hub)  # a link leading out of SRC is refused, not copied
+        if not os.path.isfile(path):
+            skipped.append(f"{path}: not a regular file (broken link, FIFO or device); not copied to the output")
+            continue
+        _inside(root, name, root)  # a link leading out of SRC is refused, never followed
         out.append(name)
-    return out
+    return out, skipped
 
 
 def refuse_quantized(source: Source) -> None:
@@ -176,6 +286,7 @@ def refuse_quantized(source: Source) -> None:
     qc = source.config.get("quantization_config")
     if qc:
         method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
+        method = method if isinstance(method, str) else "?"
         raise SourceError(
             f"{source.label}: config.json already has a quantization_config (quant_method {method!r}); "
             "convert from the original bf16/fp16/fp32 checkpoint"
@@ -185,9 +296,9 @@ def refuse_quantized(source: Source) -> None:
     for t in source.tensors.values():
         if t.leaf in ("weight_scale", "weight_scale_inv", "weight_scale_2", "qweight", "weight_packed"):
             raise SourceError(
-                f"{source.label}: tensor {t.name!r} is a quantization scale/packed weight; the checkpoint is already quantized; use the bf16 original"
+                f"{source.label}: tensor {_short(t.name)} is a quantization scale/packed weight; the checkpoint is already quantized; use the bf16 original"
             )
         if t.leaf == "weight" and len(t.shape) == 2 and t.dtype not in FLOAT_SOURCE_DTYPES and t.dtype in ("F8_E4M3", "F8_E5M2", "I8", "U8"):
             raise SourceError(
-                f"{source.label}: Linear weight {t.name!r} is {t.dtype}, already quantized; convert from the bf16/fp16/fp32 original"
+                f"{source.label}: Linear weight {_short(t.name)} is {t.dtype}, already quantized; convert from the bf16/fp16/fp32 original"
             )

@@ -17,8 +17,9 @@ SCHEMES: dict[str, Scheme] = {
     s.algo: s
     for s in (
         Fp8PerTensor("FP8", "FP8", shares_global_amax=True, static_input_scale=FP8_STATIC_INPUT_SCALE),
-        Fp8PerChannel("FP8_PER_CHANNEL_PER_TOKEN", "FP8_PER_CHANNEL_PER_TOKEN"),
-        Fp8Block("FP8_PB_WO", "fp8_pb_wo", row_align=128),
+        # vLLM's ModelOptFp8MoEMethod takes only per-tensor scales: no MoE for these two (spec §5).
+        Fp8PerChannel("FP8_PER_CHANNEL_PER_TOKEN", "FP8_PER_CHANNEL_PER_TOKEN", moe_served=False),
+        Fp8Block("FP8_PB_WO", "fp8_pb_wo", row_align=128, moe_served=False),
         Nvfp4("NVFP4", "NVFP4", shares_global_amax=True, static_input_scale=NVFP4_STATIC_INPUT_SCALE, group_size=16),
         Nvfp4("W4A16_NVFP4", "W4A16_NVFP4", shares_global_amax=True, group_size=16),
         Int8PerChannel("INT8", "W8A16"),

@@ -31,6 +31,7 @@ class Scheme:
             algorithms (ModelOpt's convention: activation amax 448), or None when none is written.
         group_size: the quantization group written in the configs (NVFP4: 16), else None.
         row_align: row chunks passed to :meth:`quantize` must be multiples of this.
+        moe_served: vLLM's ModelOpt MoE path can load experts in this format.
     """
 
     algo: str
@@ -39,6 +40,7 @@ class Scheme:
     static_input_scale: float | None = None
     group_size: int | None = None
     row_align: int = 1
+    moe_served: bool = True
 
     def shape_problem(self, shape: tuple[int, ...]) -> str | None:
         """Why a weight of `shape` cannot be quantized with this scheme, or None if it can."""
