@@ -96,6 +96,49 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype))
 
 
+def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
+          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None):
+    """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
+
+    For a Hub repo id only config.json and the safetensors headers are fetched.
+    """
+    from .check import run_check
+    from .checkpoint.hub import open_hub_headers
+    from .checkpoint.source import _REPO_ID
+    from .errors import CheckFailed
+
+    scheme = get_scheme(algo)
+    if tp < 1:
+        raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
+    local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
+    source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
+    rec = load_recipe(recipe, source.config.get("model_type"))
+    plan = build_plan(source, scheme, rec, list(exclude), tp=tp)
+    result = run_check(plan, list(exclude), tp)
+    print(result.to_text(), flush=True)
+    if json:
+        write_json(json, result.to_json())
+    bad = result.errors or (strict and result.warnings)
+    if bad:
+        what = f"{len(result.errors)} error(s)" + (f", {len(result.warnings)} warning(s) (--strict)" if strict else "")
+        raise CheckFailed(f"check failed for {src} with {scheme.algo}: {what}; see the findings above")
+    return result
+
+
+def verify(dst: str, source: str | None = None, json: str | None = None, strict: bool = False, quiet: bool = False):
+    """``quantize verify``: check a converted checkpoint as a loader would; raise CheckFailed on errors."""
+    from .errors import CheckFailed
+    from .verify import verify_checkpoint
+
+    result = verify_checkpoint(dst, source)
+    print(result.to_text(), flush=True)
+    if json:
+        write_json(json, result.to_json())
+    if result.errors or (strict and result.warnings):
+        raise CheckFailed(f"verify failed for {dst}: {len(result.errors)} error(s), {len(result.warnings)} warning(s); see the findings above")
+    return result
+
+
 def raise_problems(plan: Plan) -> None:
     """Refuse a plan with problems: all of them at once, before any tensor is read."""
     if plan.problems:
@@ -120,6 +163,7 @@ def convert(
     report: str | None = None,
     revision: str | None = None,
     quiet: bool = False,
+    verify: bool = False,
     console: Console | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
@@ -163,6 +207,9 @@ def convert(
     try:
         stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype)
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
+        if verify:
+            _verify_before_publishing(dest.partial, src, con)
+            timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
@@ -180,6 +227,27 @@ def convert(
     con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
     return ConvertResult(plan, dest.dst, doc)
+
+
+def _verify_before_publishing(folder: str, src: str, con: Console) -> None:
+    """convert --verify: run `verify` (with the source) on the finished work folder, refuse on errors."""
+    from .errors import CheckFailed
+    from .verify import verify_checkpoint
+
+    res = verify_checkpoint(folder, src)
+    for f in res.warnings:
+        con.warn(f"verify: {f.message}")
+    if res.errors:
+        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written:",
+                          details=[f.message for f in res.errors])
+    con.info(f"verify: OK ({len(res.quantized)} quantized modules, median SQNR "
+             f"{_median([e['sqnr_db'] for e in res.errors_by_tensor.values()]):.1f} dB)")
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values) if values else float("nan")
 
 
 def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv) -> object:

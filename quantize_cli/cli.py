@@ -88,9 +88,10 @@ def main():
 @click.option("--overwrite", is_flag=True, help="Replace an existing DST (only once the new one is complete).")
 @click.option("--report", metavar="FILE.json", help="Write a machine-readable report.")
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
+@click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @common
 def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max_shard_size, memory_budget, resume,
-            dry_run, overwrite, report, revision, quiet, debug):
+            dry_run, overwrite, report, revision, verify, quiet, debug):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
     if not dst and not dry_run:
         raise click.UsageError("missing -o DST (or use --dry-run)")
@@ -100,7 +101,45 @@ def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max
 
         run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,
             max_shard_size=max_shard_size, memory_budget=memory_budget, resume=resume, dry_run=dry_run,
-            overwrite=overwrite, report=report, revision=revision, quiet=quiet)
+            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify)
+
+    _run(debug, go)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("src")
+@click.option("--algo", type=AlgoType(), required=True, help=f"One of {', '.join(ALGOS)}.")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Exclude pattern to analyse (as convert takes it). Repeatable.")
+@click.option("--recipe", metavar="NAME|FILE", help="Recipe name or YAML file (default: by config.json model_type).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks to check shapes for.")
+@click.option("--json", "json_path", metavar="FILE", help="Write the findings as JSON (docs/check.md).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--revision", help="Hub revision when SRC is a repo id.")
+@common
+def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug):
+    """Report what converting SRC would do and what would break at serve time (headers only)."""
+
+    def go():
+        from .api import check as run
+
+        run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet)
+
+    _run(debug, go)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("dst")
+@click.option("--source", metavar="SRC", help="The original checkpoint: also report per-tensor error (SQNR).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the findings as JSON (docs/verify.md).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@common
+def verify(dst, source, json_path, strict, quiet, debug):
+    """Check converted checkpoint DST as vLLM / TensorRT-LLM would load it."""
+
+    def go():
+        from .api import verify as run
+
+        run(dst, source=source, json=json_path, strict=strict, quiet=quiet)
 
     _run(debug, go)
 

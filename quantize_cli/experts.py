@@ -156,3 +156,10 @@ def expand(tensors: dict[str, TensorInfo], recipe, kept) -> tuple[dict[str, Tens
         for part in split(info, layout, names):
             out[part.name] = part
     return out, problems
+
+
+def read_virtual(info: TensorInfo) -> torch.Tensor:
+    """Read a (possibly virtual) tensor whole: a plain one, or a transposed view of an expert slab."""
+    from .checkpoint.safetensors_io import read_tensor
+
+    return info.apply(read_tensor(info.slab)) if isinstance(info, ViewedTensor) else read_tensor(info)

@@ -3,8 +3,7 @@
 ``build_plan`` decides every module (classify.py), groups fused members, lays out every output
 tensor (name, dtype, shape, shard, byte offset) and orders the work by source position. Problems
 (untakeable shapes, partial fused-group exclusions, exclusions vLLM would misread) are collected,
-all of them, into ``plan.problems``; :func:`quantize_cli.validate.raise_problems` refuses them
-before any tensor is read. ``--dry-run`` prints :meth:`Plan.to_text`.
+all of them, as findings (validate.py); ``convert`` refuses any error before a tensor is read. ``--dry-run`` prints :meth:`Plan.to_text`.
 """
 
 from __future__ import annotations
@@ -15,11 +14,12 @@ from dataclasses import dataclass, field
 from .checkpoint.safetensors_io import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
-from .exclusions import build_exclude_modules, verify_exclusions
+from .exclusions import build_exclude_modules
 from .experts import expand
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
+from .validate import ERROR, WARNING, Finding, validate
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,16 @@ class Plan:
     shard_names: list[str]
     exclude_modules: list[str]
     kv_cache_dtype: str | None = None
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """Error messages: the conversion is refused while there is any."""
+        return [f.message for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f.message for f in self.findings if f.level == WARNING]
 
     @property
     def bytes_in(self) -> int:
@@ -117,45 +125,8 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * base**power)
 
 
-def _problems_for_groups(plan_mods: dict[str, Module], groups: dict[str, list[Module]]) -> list[str]:
-    out = []
-    for prefix, members in groups.items():
-        kept = [m.name for m in members if not m.quantize]
-        if kept and len(kept) != len(members):
-            names = ", ".join(m.name for m in members)
-            out.append(
-                f"{prefix}: only {', '.join(kept)} of the fused group ({names}) is excluded; vLLM loads the group "
-                f"as one layer and refuses mixed precision; exclude all members or none"
-            )
-    return out
-
-
 def _user_excludes(module: str, patterns) -> bool:
     return any(match_reason(module, e) for p in patterns for e in vllm_rewrite([p]))
-
-
-def _moe_problems(mods: dict[str, Module], scheme: Scheme) -> list[str]:
-    """Partial expert exclusions, and expert formats vLLM's ModelOpt MoE path cannot serve."""
-    layers: dict[str, list[Module]] = {}
-    for m in mods.values():
-        if m.kind == LINEAR and m.vllm_prefix.endswith("experts") and m.vllm_prefix != m.name:
-            layers.setdefault(m.vllm_prefix, []).append(m)
-    out = []
-    for prefix, experts in layers.items():
-        kept = [m.name for m in experts if not m.quantize]
-        if kept and len(kept) != len(experts):
-            out.append(
-                f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
-                f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"
-            )
-    served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
-    if served and not scheme.moe_served:
-        out.append(
-            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), "
-            f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
-            f"the source dtype, or choose --algo NVFP4 / W4A16_NVFP4 / FP8"
-        )
-    return out
 
 
 def _outputs(mods: dict[str, Module], scheme: Scheme) -> dict[str, OutTensor]:
@@ -219,40 +190,20 @@ def build_plan(
     exclude: list[str] | tuple[str, ...] = (),
     max_shard_size: int = 5 * 10**9,
     kv_cache_dtype: str | None = None,
+    tp: int = 1,
 ) -> Plan:
     """Decide everything about a conversion without reading tensor data."""
     num_layers = source.config.get("num_hidden_layers")
     if not isinstance(num_layers, int):
         num_layers = (source.config.get("text_config") or {}).get("num_hidden_layers")
-    tensors, problems = expand(source.tensors, recipe, lambda module: _user_excludes(module, exclude))
+    tensors, split_problems = expand(source.tensors, recipe, lambda module: _user_excludes(module, exclude))
     mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
-    problems += _problems_for_groups(mods, groups) + _moe_problems(mods, scheme)
-    for mod in mods.values():
-        if mod.quantize:
-            why = scheme.shape_problem(mod.weight.shape)  # type: ignore[union-attr]
-            if why:
-                target = mod.vllm_prefix if mod.vllm_prefix != mod.name else mod.name  # whole fused group / MoE layer
-                problems.append(
-                    f"{mod.weight.name} {list(mod.weight.shape)}: {scheme.algo} {why}; "  # type: ignore[union-attr]
-                    f"fix: --exclude {target!r}, or choose another --algo"
-                )
-    packed = dict(recipe.fused)
-    entries = build_exclude_modules(mods, packed)
-    problems += verify_exclusions(mods, entries, packed)
+    entries = build_exclude_modules(mods, dict(recipe.fused))
+    findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
+    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
     outs, shard_names = _assign_shards(_outputs(mods, scheme), max_shard_size)
-    warnings = list(source.warnings)
-    if scheme.static_input_scale is not None and any(m.quantize for m in mods.values()):
-        warnings.append(
-            f"{scheme.algo} uses static activation scales and no calibration data was given: every input_scale is the "
-            f"documented constant {scheme.static_input_scale:g} (activation amax 448); accuracy is not calibrated"
-        )
-    for pat in exclude:
-        if not any(pat in m.matched_by for m in mods.values()):
-            warnings.append(f"--exclude {pat!r} matches no Linear module (vLLM's exact/substring/wildcard rules); check the pattern")
-    if not any(m.quantize for m in mods.values()):
-        warnings.append("no Linear is quantized: every weight is excluded or not a Linear")
     return Plan(
         source=source,
         scheme=scheme,
@@ -264,8 +215,7 @@ def build_plan(
         shard_names=shard_names,
         exclude_modules=entries,
         kv_cache_dtype=kv_cache_dtype,
-        problems=problems,
-        warnings=warnings,
+        findings=findings,
     )
 
 

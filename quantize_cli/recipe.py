@@ -18,7 +18,7 @@ import yaml
 
 from .errors import PlanError, UsageError
 
-_KNOWN_KEYS = {"name", "description", "model_types", "extends", "fused", "exclude", "routers", "subtrees", "experts"}
+_KNOWN_KEYS = {"name", "description", "model_types", "extends", "fused", "exclude", "routers", "subtrees", "experts", "parallel"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Recipe:
     routers: tuple[str, ...] = ()
     subtrees: tuple[Rule, ...] = ()
     experts: dict = field(default_factory=dict)
+    parallel: dict = field(default_factory=dict)
     source: str = ""
 
     def member_to_fused(self) -> dict[str, str]:
@@ -93,7 +94,7 @@ def _merge(base: dict, child: dict) -> dict:
     for key, value in child.items():
         if key in ("exclude", "routers", "subtrees") and key in base:
             out[key] = list(base[key] or []) + list(value or [])
-        elif key in ("fused", "experts") and key in base:
+        elif key in ("fused", "experts", "parallel") and key in base:
             out[key] = {**(base[key] or {}), **(value or {})}
         else:
             out[key] = value
@@ -140,6 +141,7 @@ def _build(raw: dict, where: str) -> Recipe:
         routers=tuple(raw.get("routers") or ()),
         subtrees=_rules(raw.get("subtrees"), "subtrees", where),
         experts=dict(raw.get("experts") or {}),
+        parallel={k: tuple(v or ()) for k, v in (raw.get("parallel") or {}).items()},
         source=where,
     )
 
@@ -178,4 +180,6 @@ def describe(name_or_path: str) -> str:
     }
     if r.experts:
         doc["experts"] = r.experts
+    if r.parallel:
+        doc["parallel"] = {k: list(v) for k, v in r.parallel.items()}
     return f"# {r.source}\n" + yaml.safe_dump(doc, sort_keys=False)

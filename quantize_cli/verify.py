@@ -1,0 +1,281 @@
+"""``quantize verify``: check a converted checkpoint (ours or any ModelOpt one) as a loader would.
+
+Findings (errors unless noted): both config files present and consistent; the index covers every
+tensor and file; every quantized module has exactly the spec's tensors, dtypes and shapes; every
+kept Linear is excluded under vLLM's rules and no quantized one is; fused groups share their
+scales (NVFP4: error; per-tensor FP8: warning, as ModelOpt's own FP8 exports differ); no NaN/Inf
+in any tensor. With ``source``: per-tensor relative error and SQNR of the dequantized weights,
+flagging any under the algorithm's floor (error) or more than 6 dB below the checkpoint's median
+(warning). Floors are justified in docs/verify.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from .checkpoint.metadata import flat_quantization_config
+from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
+from .classify import LINEAR, classify, fused_groups, natural_key
+from .errors import QuantizeError
+from .exclusions import verify_exclusions
+from .recipe import load_recipe
+from .schemes import SCHEMES, Scheme
+from .validate import ERROR, WARNING, Finding
+
+# Absolute SQNR floors (dB) per algorithm: about 10 dB under what a Gaussian weight gets.
+SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 25.0}
+MEDIAN_MARGIN_DB = 6.0
+_QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+READ_CHUNK = 64 << 20
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    algo: str | None
+    findings: list[Finding] = field(default_factory=list)
+    quantized: list[str] = field(default_factory=list)
+    errors_by_tensor: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == WARNING]
+
+    def add(self, level: str, code: str, subject: str, message: str) -> None:
+        self.findings.append(Finding(level, code, subject, message))
+
+    def to_json(self) -> dict:
+        return {
+            "command": "verify", "path": self.path, "algo": self.algo, "ok": not self.errors,
+            "summary": {"errors": len(self.errors), "warnings": len(self.warnings), "quantized_modules": len(self.quantized)},
+            "findings": [f.to_json() for f in self.findings],
+            "tensor_errors": self.errors_by_tensor,
+        }
+
+    def to_text(self) -> str:
+        lines = [f"verify: {self.path}  algo {self.algo}  {len(self.quantized)} quantized module(s)"]
+        for name, e in sorted(self.errors_by_tensor.items(), key=lambda kv: natural_key(kv[0])):
+            lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}")
+        lines += [f"{f.level.upper():<7}  [{f.code}] {f.message}" for f in self.findings]
+        lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
+        return "\n".join(lines)
+
+
+def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else None
+    except FileNotFoundError:
+        res.add(ERROR, "missing-file", what, f"{path}: missing; a ModelOpt checkpoint needs {what}")
+    except (OSError, ValueError) as exc:
+        res.add(ERROR, "bad-file", what, f"{path}: unreadable or not JSON ({exc})")
+    return None
+
+
+def scheme_for(quant_algo: str) -> Scheme | None:
+    return next((s for s in SCHEMES.values() if s.quant_algo.upper() == str(quant_algo).upper()), None)
+
+
+def _configs(path: str, res: VerifyResult) -> tuple[dict | None, dict | None]:
+    nested = _load_json(os.path.join(path, "hf_quant_config.json"), res, "hf_quant_config.json")
+    config = _load_json(os.path.join(path, "config.json"), res, "config.json")
+    if nested is None or config is None:
+        return nested, config
+    q = nested.get("quantization") or {}
+    flat = config.get("quantization_config")
+    if (nested.get("producer") or {}).get("name") != "modelopt":
+        res.add(ERROR, "config", "hf_quant_config.json", "hf_quant_config.json: producer.name must be 'modelopt' for loaders to recognise it")
+    if not isinstance(flat, dict):
+        res.add(ERROR, "config", "config.json", "config.json has no quantization_config: vLLM would load the checkpoint as unquantized")
+        return nested, config
+    if scheme_for(q.get("quant_algo")) is None:
+        res.add(ERROR, "config", "quant_algo", f"quant_algo {q.get('quant_algo')!r} is not one this tool verifies ({', '.join(s.quant_algo for s in SCHEMES.values())})")
+        return nested, config
+    expected = flat_quantization_config(nested)
+    for key, value in expected.items():
+        if flat.get(key) != value:
+            res.add(ERROR, "config-mismatch", key,
+                    f"config.json quantization_config[{key!r}] = {flat.get(key)!r} but hf_quant_config.json implies {value!r}; the two files disagree")
+    return nested, config
+
+
+def _index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint, checking that the index and the shards agree."""
+    shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    wmap = None
+    if os.path.exists(index_path):
+        doc = _load_json(index_path, res, "model.safetensors.index.json") or {}
+        wmap = doc.get("weight_map") if isinstance(doc.get("weight_map"), dict) else {}
+    elif len(shards) > 1:
+        res.add(ERROR, "index", "model.safetensors.index.json", f"{path}: {len(shards)} shards but no model.safetensors.index.json")
+    tensors: dict[str, TensorInfo] = {}
+    for shard in shards:
+        try:
+            header = read_header(os.path.join(path, shard))
+        except QuantizeError as exc:
+            res.add(ERROR, "shard", shard, exc.message)
+            continue
+        for name, info in header.tensors.items():
+            if name in tensors:
+                res.add(ERROR, "index", name, f"tensor {name!r} is in two shards ({os.path.basename(tensors[name].path)}, {shard})")
+            tensors[name] = info
+    if wmap is not None:
+        for name, shard in sorted(wmap.items()):
+            where = os.path.basename(tensors[name].path) if name in tensors else None
+            if where != shard:
+                res.add(ERROR, "index", name, f"index maps {name!r} to {shard} but it is {'in ' + where if where else 'in no shard'}")
+        for name in sorted(set(tensors) - set(wmap)):
+            res.add(ERROR, "index", name, f"tensor {name!r} is in {os.path.basename(tensors[name].path)} but not in the index; loaders using the index miss it")
+        for shard in sorted(set(shards) - set(wmap.values())):
+            res.add(WARNING, "index", shard, f"{shard} is not referenced by the index")
+    if not tensors:
+        res.add(ERROR, "empty", path, f"{path}: no safetensors tensors")
+    return tensors
+
+
+def _logical_shape(scheme: Scheme, weight: TensorInfo) -> tuple[int, int]:
+    n, k = weight.shape
+    return (n, 2 * k) if scheme.group_size else (n, k)
+
+
+def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
+    by_module: dict[str, dict[str, TensorInfo]] = {}
+    for info in tensors.values():
+        by_module.setdefault(info.module, {})[info.leaf] = info
+    quantized = {}
+    for mod, leaves in by_module.items():
+        w = leaves.get("weight")
+        if "weight_scale" not in leaves and not (w and w.dtype in ("F8_E4M3", "U8", "I8")):
+            continue
+        quantized[mod] = leaves
+        if w is None or len(w.shape) != 2:
+            res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight")
+            continue
+        spec = scheme.outputs(_logical_shape(scheme, w))
+        have = {k: v for k, v in leaves.items() if k in _QUANT_LEAVES or k.startswith("weight")}
+        for suffix in sorted(set(spec) - set(have)):
+            res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: missing; {scheme.quant_algo} needs {spec[suffix][0]}{list(spec[suffix][1])}")
+        for suffix in sorted(set(have) - set(spec)):
+            res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: unexpected for {scheme.quant_algo} (a loader would not know it)")
+        for suffix in sorted(set(have) & set(spec)):
+            got, want = (have[suffix].dtype, have[suffix].shape), spec[suffix]
+            if got != want:
+                res.add(ERROR, "tensors", f"{mod}.{suffix}",
+                        f"{mod}.{suffix}: {got[0]}{list(got[1])}, but {scheme.quant_algo} needs {want[0]}{list(want[1])}")
+    res.quantized = sorted(quantized, key=natural_key)
+    return quantized
+
+
+def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult):
+    recipe = load_recipe(None, config.get("model_type"))
+    float_view = {n: (TensorInfo(n, "BF16", t.shape, t.path, t.offset, t.nbytes) if t.module in quantized and t.leaf == "weight" else t)
+                  for n, t in tensors.items()}
+    mods = classify(float_view, recipe, [], config.get("num_hidden_layers"))
+    for m in mods.values():
+        m.quantize = m.name in quantized
+        if m.quantize:
+            m.kind = LINEAR
+    for p in verify_exclusions(mods, exclude, dict(recipe.fused)):
+        res.add(ERROR, "exclusions", p.split(":")[0], p)
+    return mods, recipe
+
+
+def _check_shared_scales(mods, recipe, scheme: Scheme, tensors, res: VerifyResult) -> None:
+    keys = ["weight_scale_2", "input_scale"] if scheme.group_size else (["weight_scale", "input_scale"] if scheme.shares_global_amax else [])
+    for group, members in fused_groups(mods, recipe).items():
+        if not all(m.quantize for m in members):
+            continue
+        for key in keys:
+            vals = [tensors.get(f"{m.name}.{key}") for m in members]
+            if any(v is None for v in vals):
+                continue
+            loaded = [read_tensor(v).float().reshape(-1) for v in vals]
+            if any(not torch.equal(x, loaded[0]) for x in loaded):
+                level = ERROR if scheme.group_size else WARNING
+                why = ("vLLM keeps one per fused layer without rescaling the block scales: wrong results" if scheme.group_size
+                       else "vLLM re-quantizes the members to the max scale at load (a second rounding)")
+                res.add(level, "fused-scales", group, f"{group}: members have different {key} ({', '.join(f'{x.item():.6g}' for x in loaded)}); {why}")
+
+
+def _check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
+    for name, info in tensors.items():
+        if info.dtype not in ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2") or not info.shape and info.nbytes == 0:
+            continue
+        rows = info.shape[0] if info.shape else 1
+        row_bytes = max(1, info.nbytes // max(rows, 1))
+        step = max(1, READ_CHUNK // row_bytes)
+        for start in range(0, rows, step):
+            t = read_tensor(info, start, min(step, rows - start)) if info.shape else read_tensor(info)
+            if info.dtype == "F8_E4M3":
+                bad = bool(((t.view(torch.uint8) & 0x7F) == 0x7F).any())
+            else:
+                bad = not bool(torch.isfinite(t.float()).all())
+            if bad:
+                res.add(ERROR, "non-finite", name, f"{name}: contains NaN or Inf; the checkpoint would compute garbage")
+                break
+
+
+def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
+    """Run every check on the checkpoint folder at `path` (see the module docstring)."""
+    res = VerifyResult(path, None)
+    if not os.path.isdir(path):
+        res.add(ERROR, "missing-file", path, f"{path}: no such checkpoint folder")
+        return res
+    nested, config = _configs(path, res)
+    tensors = _index(path, res)
+    if not nested or not config or not tensors:
+        return res
+    scheme = scheme_for((nested.get("quantization") or {}).get("quant_algo"))
+    if scheme is None:
+        return res
+    res.algo = scheme.algo
+    quantized = _check_modules(tensors, scheme, res)
+    exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
+    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res)
+    _check_shared_scales(mods, recipe, scheme, tensors, res)
+    _check_finite(tensors, res)
+    if source:
+        _compare_with_source(source, quantized, scheme, recipe, res)
+    return res
+
+
+def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult) -> None:
+    from .checkpoint.source import open_source
+    from .experts import expand, read_virtual
+    from .schemes.numerics import relative_error, sqnr_db
+
+    source = open_source(src)
+    tensors, _ = expand(source.tensors, recipe, lambda m: True)
+    for mod, leaves in quantized.items():
+        ref = tensors.get(f"{mod}.weight")
+        if ref is None:
+            res.add(WARNING, "source", mod, f"{mod}: not found in the source {src}; not compared")
+            continue
+        w = read_virtual(ref).float()
+        q = {k: read_tensor(v) for k, v in leaves.items() if k in _QUANT_LEAVES}
+        deq = scheme.dequantize(q)
+        if tuple(deq.shape) != tuple(w.shape):
+            res.add(ERROR, "source", mod, f"{mod}: shape {list(deq.shape)} differs from the source's {list(w.shape)}")
+            continue
+        res.errors_by_tensor[f"{mod}.weight"] = {"sqnr_db": sqnr_db(w, deq), "rel_error": relative_error(w, deq)}
+    values = [e["sqnr_db"] for e in res.errors_by_tensor.values() if e["sqnr_db"] != float("inf")]
+    if not values:
+        return
+    median = statistics.median(values)
+    floor = SQNR_FLOOR_DB[scheme.algo]
+    for name, e in res.errors_by_tensor.items():
+        if e["sqnr_db"] < floor:
+            res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {scheme.algo} floor of {floor:g} dB (docs/verify.md)")
+        elif e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
+            res.add(WARNING, "accuracy-outlier", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is more than {MEDIAN_MARGIN_DB:g} dB below the checkpoint's median {median:.1f} dB")

@@ -1,0 +1,166 @@
+"""`quantize check`: verdicts per recipe family and per tricky pattern, exit codes, JSON."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from quantize_cli.api import check
+from quantize_cli.cli import main
+from quantize_cli.errors import CheckFailed
+from tests.families import FAMILIES, build
+
+# family -> (recipe chosen, modules that must stay unquantized, exclude_modules written for NVFP4)
+EXPECTED = {
+    "llama": ("llama", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+    "mistral": ("mistral", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+    "qwen2": ("qwen2", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+    "qwen3": ("qwen3", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+    "gemma2": ("gemma", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+    "mixtral": ("mixtral", {"lm_head", "model.layers.0.block_sparse_moe.gate"},
+                ["lm_head", "model.embed_tokens", "model.layers.0.block_sparse_moe.gate", "model.layers.1.block_sparse_moe.gate"]),
+    "qwen2_moe": ("qwen2_moe", {"model.layers.1.mlp.gate", "model.layers.1.mlp.shared_expert_gate"},
+                  ["lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate",
+                   "model.layers.1.mlp.gate", "model.layers.1.mlp.shared_expert_gate"]),
+    "qwen3_moe": ("qwen3_moe", {"model.layers.0.mlp.gate"},
+                  ["lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]),
+    "deepseek_v3": ("deepseek_v3", {"model.layers.2.eh_proj", "model.layers.1.mlp.gate"},
+                    ["lm_head", "model.embed_tokens", "model.layers.1.mlp.gate", "model.layers.2*"]),
+    "gemma3": ("gemma", {"vision_tower.vision_model.encoder.layers.0.mlp.fc1"},
+               ["language_model.model.embed_tokens", "vision_tower*"]),
+    "phi3": ("phi3", {"lm_head"}, ["lm_head", "model.embed_tokens"]),
+}
+
+
+@pytest.fixture
+def family(make_checkpoint):
+    def make(name):
+        cfg, shapes = FAMILIES[name]()
+        return make_checkpoint(build(shapes), cfg, shards=2, name=name)
+
+    return make
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_gets_the_right_verdicts(family, name, capsys):
+    recipe, kept, excludes = EXPECTED[name]
+    result = check(family(name), "NVFP4")
+    plan = result.plan
+    assert plan.recipe.name == recipe
+    for m in kept:
+        assert not plan.modules[m].quantize, m
+    assert plan.exclude_modules == excludes
+    assert not result.errors
+    quantized = [m for m in plan.modules.values() if m.quantize]
+    assert quantized and all(m.kind == "linear" for m in quantized)
+    # every fused group's members are quantized together
+    for members in plan.groups.values():
+        assert len({plan.modules[m].quantize for m in members}) == 1
+
+
+def test_phi3_fused_checkpoint_tensors_are_single_modules(family):
+    plan = check(family("phi3"), "FP8").plan
+    assert plan.groups == {}
+    assert plan.modules["model.layers.0.self_attn.qkv_proj"].quantize
+
+
+# pattern -> {module: expected excluded?}, the verdicts vLLM's rules give (llama family)
+PATTERNS = [
+    ("model.layers.1", {"model.layers.1.mlp.down_proj": True, "model.layers.0.mlp.down_proj": False}),
+    ("*down_proj", {"model.layers.0.mlp.down_proj": True, "model.layers.1.mlp.down_proj": True, "model.layers.0.mlp.up_proj": False}),
+    ("model.layers.0.mlp.*", {"model.layers.0.mlp.gate_proj": True, "model.layers.0.mlp.up_proj": True, "model.layers.1.mlp.up_proj": False}),
+    ("*qkv_proj", {"model.layers.0.self_attn.q_proj": True, "model.layers.1.self_attn.v_proj": True, "model.layers.0.self_attn.o_proj": False}),
+    ("model.layers.0.self_attn*", {"model.layers.0.self_attn.o_proj": True, "model.layers.1.self_attn.o_proj": False}),
+    ("*.mlp.gate_up_proj", {"model.layers.1.mlp.gate_proj": True, "model.layers.1.mlp.up_proj": True}),
+]
+
+
+@pytest.mark.parametrize("pattern,verdicts", PATTERNS)
+def test_pattern_table(family, pattern, verdicts):
+    plan = check(family("llama"), "NVFP4", exclude=[pattern]).plan
+    for module, excluded in verdicts.items():
+        assert plan.modules[module].quantize is not excluded, (pattern, module)
+
+
+def test_substring_trap_is_warned(make_checkpoint):
+    from quantize_cli.example import llama_config, llama_tensors
+
+    cfg = llama_config(layers=11)
+    result = check(make_checkpoint(llama_tensors(cfg), cfg), "FP8", exclude=["model.layers.1"])
+    warn = [f for f in result.warnings if f.code == "pattern-substring"]
+    assert len(warn) == 1 and "model.layers.10" in warn[0].message and "also matches 7 module(s)" in warn[0].message
+    anchored = check(make_checkpoint(llama_tensors(cfg), cfg, name="b"), "FP8", exclude=["model.layers.1.mlp"])
+    assert not [f for f in anchored.warnings if f.code == "pattern-substring"]
+    assert not result.plan.modules["model.layers.10.mlp.down_proj"].quantize  # what vLLM would do, too
+
+
+def test_partial_group_pattern_is_an_error(family):
+    with pytest.raises(CheckFailed):
+        check(family("llama"), "NVFP4", exclude=["*.q_proj"])
+
+
+def test_unmatched_pattern_warns_and_strict_fails(family):
+    result = check(family("llama"), "FP8", exclude=["model.layers.0.mlp.down_proj.weight"])
+    assert any(f.code == "pattern-unmatched" for f in result.warnings)
+    with pytest.raises(CheckFailed):
+        check(family("llama"), "FP8", exclude=["nothing"], strict=True)
+
+
+def test_tp_splits_are_checked(family):
+    # o_proj/down_proj are row-parallel: K/tp must stay a multiple of 128 for FP8_PB_WO
+    assert not check(family("llama"), "FP8_PB_WO", tp=2).errors
+    with pytest.raises(CheckFailed):
+        check(family("llama"), "FP8_PB_WO", tp=4)
+    with pytest.raises(CheckFailed):
+        check(family("llama"), "NVFP4", tp=32)  # down_proj K=512/32=16 ok, o_proj K=256/32=8 not
+
+
+def test_kv_heads_fewer_than_ranks_are_replicated(family):
+    """One KV head of 128 rows and tp=2: vLLM replicates it (128 rows per rank), it does not split it."""
+    result = check(family("llama"), "FP8_PB_WO", tp=2)
+    assert not [f for f in result.errors if "k_proj" in f.message or "v_proj" in f.message]
+
+
+def test_moe_block_fp8_and_int8_and_uncalibrated_findings(family):
+    with pytest.raises(CheckFailed):
+        check(family("qwen3_moe"), "FP8_PB_WO")
+    codes = {f.code for f in check(family("llama"), "INT8").warnings}
+    assert "int8-vllm" in codes
+    codes = {f.code for f in check(family("llama"), "FP8").warnings}
+    assert "uncalibrated" in codes
+
+
+def test_cli_exit_codes_and_json(family, tmp_path):
+    src = family("llama")
+    r = CliRunner().invoke(main, ["check", src, "--algo", "NVFP4", "--json", str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.output
+    doc = json.load(open(tmp_path / "c.json"))
+    assert doc["ok"] and doc["summary"]["quantized"] == 14 and doc["tp"] == 1
+    assert {"module", "vllm_prefix", "kind", "quantized", "rule", "shape", "fused_group"} == set(doc["modules"][0])
+    r = CliRunner().invoke(main, ["check", src, "--algo", "NVFP4", "--exclude", "*.k_proj", "--json", str(tmp_path / "d.json")])
+    assert r.exit_code == 1 and "check failed" in r.output
+    doc = json.load(open(tmp_path / "d.json"))
+    assert not doc["ok"] and any(f["code"] == "pattern-partial-group" for f in doc["findings"])
+    assert doc["patterns"][0]["pattern"] == "*.k_proj" and len(doc["patterns"][0]["modules"]) == 2
+
+
+def test_hub_id_reads_headers_only(monkeypatch, family):
+    """A repo id goes through get_safetensors_metadata (remote headers), never a weight download."""
+    import os
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    from quantize_cli.checkpoint.safetensors_io import read_header
+
+    local = family("llama")
+    files = {}
+    for f in sorted(os.listdir(local)):
+        if f.endswith(".safetensors"):
+            h = read_header(os.path.join(local, f))
+            files[f] = SimpleNamespace(tensors={n: SimpleNamespace(dtype=t.dtype, shape=list(t.shape), data_offsets=[t.offset - h.data_start, t.offset - h.data_start + t.nbytes]) for n, t in h.tensors.items()})
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", lambda repo, revision=None: SimpleNamespace(files_metadata=files))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, fname, revision=None: os.path.join(local, fname))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: (_ for _ in ()).throw(AssertionError("downloaded weights")))
+    result = check("someone/llama-test", "NVFP4")
+    assert result.plan.exclude_modules == ["lm_head", "model.embed_tokens"] and len(result.plan.quantized) == 14
