@@ -88,12 +88,14 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
     return "fp8"
 
 
-def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True) -> Plan:
+def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
+            layout: str = "plain") -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read)."""
     scheme = get_scheme(algo)
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
-    return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype))
+    return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
+                      layout=layout)
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
@@ -139,6 +141,16 @@ def verify(dst: str, source: str | None = None, json: str | None = None, strict:
     return result
 
 
+def unpack(dst: str, output: str, overwrite: bool = False, quiet: bool = False, console: Console | None = None) -> str:
+    """``quantize unpack``: a packed-layout checkpoint back to the plain one (byte-identical to a plain conversion)."""
+    from .unpack import unpack_checkpoint
+
+    Destination(output, overwrite=overwrite)  # refuse an existing output first
+    path = unpack_checkpoint(dst, output, overwrite=overwrite)
+    (console or Console(quiet)).info(f"wrote {path}")
+    return path
+
+
 def raise_problems(plan: Plan) -> None:
     """Refuse a plan with problems: all of them at once, before any tensor is read."""
     if plan.problems:
@@ -176,14 +188,14 @@ def convert(
     get_scheme(algo)  # usage errors first, in the first second
     _kv(kv_cache_dtype)
     budget = _size(memory_budget, "--memory-budget")
-    if layout != "plain":
-        raise UsageError(f"--layout {layout!r} is not available yet; use --layout plain")
+    if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
+        raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
     dev = resolve_device(device)
     if not dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
         Destination(dst, overwrite=overwrite)  # an existing DST fails before any download
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
@@ -205,7 +217,7 @@ def convert(
     dest = Destination(dst, src_root=plan.source.root, overwrite=overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype)
+        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options)
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         if verify:
             _verify_before_publishing(dest.partial, src, con)
@@ -213,9 +225,13 @@ def convert(
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
-        dest.discard()
+        # Out of disk / write failures can be resumed; bad data or a changed source cannot.
+        _keep_for_resume(dest, con) if isinstance(exc, DestinationError) else dest.discard()
         if report:
             write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
+        raise
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
+        _keep_for_resume(dest, con)
         raise
     except BaseException:
         dest.discard()
@@ -227,6 +243,13 @@ def convert(
     con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
     return ConvertResult(plan, dest.dst, doc)
+
+
+def _keep_for_resume(dest: Destination, con: Console) -> None:
+    """After a failure or interruption keep the (hidden, never finished-looking) work folder."""
+    dest.release()
+    if os.path.isdir(dest.partial):
+        con.warn(f"partial work kept in {dest.partial}; rerun with --resume to continue, or delete it")
 
 
 def _verify_before_publishing(folder: str, src: str, con: Console) -> None:
@@ -250,31 +273,65 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv) -> object:
-    dest.acquire(resume=resume)
-    writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
-    writer.open(fresh=True)
+def _quantize_fn(dev: torch.device, con: Console):
+    """The Triton kernels on a GPU (bit-identical to the references), the torch reference otherwise."""
+    if dev.type != "cuda":
+        return None
+    from . import kernels
+
+    if kernels.can_run(dev):
+        return kernels.quantize
+    con.warn("Triton is unavailable: quantizing with the torch reference on the GPU (same bytes, slower)")
+    return None
+
+
+def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict):
     from tqdm import tqdm
 
+    from . import resume as journal_mod
+
+    earlier = dest.acquire(resume=resume)
+    writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
+    fp = journal_mod.fingerprint(plan, options)
+    executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
+                        budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+    if earlier:
+        writer.open(fresh=False)
+        done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
+        skipped = sum(plan.tasks[i].bytes_in for i in done)
+        con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
+    else:
+        if resume:
+            con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
+        journal = journal_mod.start(dest.partial, fp)
+        writer.open(fresh=True)
+        done = set()
     bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
+    executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
     try:
-        executor = Executor(plan, writer, dev, chunk_bytes=max(64 << 10, budget // 8), hold_bytes=budget // 4,
-                            measure_error=measure, progress=bar.update)
         stats = executor.run()
     finally:
         bar.close()
+        journal.close()
     writer.close()
-    _write_metadata(plan, dest.partial, kv)
+    _write_metadata(plan, dest.partial, kv, options)
+    journal_mod.remove_files(dest.partial)
     return stats
 
 
-def _write_metadata(plan: Plan, folder: str, kv) -> None:
-    nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv))
+def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
+    extra = None
+    if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
+        extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
+    nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
+    config = output_config(plan.source.config, nested)
+    if extra:
+        config["quantization_config"]["layout"] = extra["layout"]
     with open(os.path.join(folder, "hf_quant_config.json"), "w") as f:
         json.dump(nested, f, indent=4)
         f.write("\n")
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(output_config(plan.source.config, nested), f, indent=2)
+        json.dump(config, f, indent=2)
         f.write("\n")
     for name in plan.source.sidecars:
         try:

@@ -144,6 +144,22 @@ def verify(dst, source, json_path, strict, quiet, debug):
     _run(debug, go)
 
 
+@main.command(context_settings=CONTEXT)
+@click.argument("dst")
+@click.option("-o", "--output", required=True, metavar="PLAIN", help="Where to write the plain checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing PLAIN (only once the new one is complete).")
+@common
+def unpack(dst, output, overwrite, quiet, debug):
+    """Turn packed checkpoint DST (--layout marlin/cutlass/flashinfer) back into the plain one."""
+
+    def go():
+        from .api import unpack as run
+
+        run(dst, output, overwrite=overwrite, quiet=quiet)
+
+    _run(debug, go)
+
+
 @main.group(context_settings=CONTEXT, invoke_without_command=True)
 @click.pass_context
 def recipes(ctx):

@@ -5,22 +5,26 @@ larger than one chunk is quantized in row chunks (multiples of the scheme's ``ro
 output is 0-d or row-indexed, so chunks concatenate). Schemes with a per-tensor scale need the
 global amax first: a fused group that fits in the hold limit is read once and kept; a larger one
 is read twice (an amax pass, then the quantize pass).
+
+Every read the executor will make is derived from the plan up front (:meth:`Executor.reads`), so
+the :class:`~quantize_cli.pipeline.Prefetcher` reads ahead while the compute runs and the
+:class:`~quantize_cli.pipeline.AsyncWriter` writes behind it (``overlap=True``). The bytes
+written are the same either way; only the timing differs.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import torch
 
-from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor
-from .checkpoint.writer import ShardWriter
+from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .errors import NumericsError
 from .experts import ViewedTensor
+from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, load
 from .plan import Member, Plan, Task
-from .schemes.numerics import relative_error, sqnr_db
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per read+write of a copied tensor
 
@@ -46,150 +50,266 @@ class ErrorStats:
 @dataclass
 class RunStats:
     bytes_read: int = 0
-    seconds: dict = field(default_factory=dict)
+    peak_inflight: int = 0
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
 
 
+def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
+    """Rows ``[start, start+count)`` of a source tensor into a new (pinned) CPU tensor.
+
+    A :class:`ViewedTensor` (a transposed expert slice) reads its whole slab and takes the view.
+    """
+    if isinstance(info, ViewedTensor):
+        t = info.apply(read_tensor(info.slab))[start : start + count]
+        return t.pin_memory() if pin else t
+    if not info.shape:
+        return read_tensor(info)
+    row = info.nbytes // max(info.shape[0], 1)
+    buf = torch.empty(count * row, dtype=torch.uint8, pin_memory=pin)
+    if buf.numel():
+        read_bytes_into(info, byte_view(buf), start * row, count * row)
+    return buf.view(torch_dtype(info.dtype)).reshape((count,) + tuple(info.shape[1:]))
+
+
 class Executor:
-    """Runs every task of `plan` on `device`, writing through `writer`.
+    """Runs every task of `plan` on `device`, writing through `writer` (a ShardWriter).
 
     Args:
         chunk_bytes: source bytes quantized at once (rows are chunked to stay under it).
         hold_bytes: a fused group up to this size is read once and held for its shared amax.
+        budget_bytes: host bytes in flight (reads ahead + writes behind) when overlapping.
+        overlap: read ahead / write behind on background threads.
+        quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels on a GPU), default the reference.
         measure_error: accumulate per-tensor relative error / SQNR (for --report).
         progress: a callable taking the number of source bytes just consumed.
+        done: indices of tasks already complete (resume); on_task_written(i, crc) journals new ones.
     """
 
-    def __init__(self, plan: Plan, writer: ShardWriter, device: torch.device, chunk_bytes: int = 256 << 20,
-                 hold_bytes: int = 1 << 30, measure_error: bool = False, progress=None, done: set[int] | None = None,
-                 on_task_done=None):
+    def __init__(self, plan: Plan, writer, device: torch.device, chunk_bytes: int = 256 << 20, hold_bytes: int = 1 << 30,
+                 budget_bytes: int = 4 << 30, overlap: bool = True, quantize_fn=None, measure_error: bool = False,
+                 progress: Callable[[int], None] | None = None, done: set[int] | None = None,
+                 on_task_written: Callable[[int, str], None] | None = None):
         self.plan = plan
         self.scheme = plan.scheme
         self.writer = writer
         self.device = device
         self.chunk_bytes = chunk_bytes
         self.hold_bytes = hold_bytes
+        self.budget_bytes = budget_bytes
+        self.overlap = overlap
+        self.quantize_fn = quantize_fn or (lambda scheme, w, g: scheme.quantize(w, g))
         self.measure_error = measure_error
         self.progress = progress or (lambda n: None)
-        self.stats = RunStats()
         self.done = done or set()
-        self.on_task_done = on_task_done or (lambda i: None)
-        self._slab_key: tuple | None = None
-        self._slab: torch.Tensor | None = None
+        self.on_task_written = on_task_written or (lambda i, crc: None)
+        self.stats = RunStats()
+        self.pin = device.type == "cuda"
+        self._dense_packing = plan.packing is not None and plan.packing.dense
 
-    def run(self) -> RunStats:
-        for index, task in enumerate(self.plan.tasks):
-            if index in self.done:
-                self.progress(task.bytes_in)
-                continue
-            if task.kind == "copy":
-                self._copy(task.copy)  # type: ignore[arg-type]
-            else:
-                self._quantize(task)
-            self._slab_key = self._slab = None
-            self.on_task_done(index)
-        return self.stats
-
-    # -- copies ---------------------------------------------------------------------------
-    def _copy(self, info: TensorInfo) -> None:
-        if isinstance(info, ViewedTensor):  # a transposed expert slice: materialise it
-            self.writer.write(info.name, self._read(info))
-            self._consumed(info.nbytes)
-            return
-        buf = torch.empty(min(info.nbytes, COPY_CHUNK), dtype=torch.uint8)
-        view = byte_view(buf) if buf.numel() else memoryview(b"")
-        for start in range(0, info.nbytes, COPY_CHUNK):
-            n = min(COPY_CHUNK, info.nbytes - start)
-            read_bytes_into(info, view, start, n)
-            self.writer.write_bytes(info.name, view[:n], start)
-            self._consumed(n)
-        if info.nbytes == 0:
-            self.writer.write_bytes(info.name, memoryview(b""), 0)
-
-    # -- quantization ---------------------------------------------------------------------
+    # -- the read schedule ------------------------------------------------------------------
     def _rows_per_chunk(self, info: TensorInfo) -> int:
         n = info.shape[0]
-        if isinstance(info, ViewedTensor):
-            return n  # a view of one expert's slab is read whole
+        if isinstance(info, ViewedTensor) or self._dense_packing:
+            return n  # a view of one expert's slab is read whole; packing needs whole tensors
         row_bytes = max(1, info.nbytes // max(n, 1))
         align = self.scheme.row_align
-        rows = max(align, (self.chunk_bytes // row_bytes) // align * align)
-        return min(rows, n)
+        return min(n, max(align, (self.chunk_bytes // row_bytes) // align * align))
 
-    def _read(self, info: TensorInfo, start: int = 0, rows: int | None = None) -> torch.Tensor:
-        """Rows of a source tensor on the CPU; views of a fused-expert slab share one slab read."""
-        if not isinstance(info, ViewedTensor):
-            return read_tensor(info, start, rows)
-        key = (info.path, info.offset)
-        if self._slab_key != key:
-            self._slab_key, self._slab = key, read_tensor(info.slab)
-        t = info.apply(self._slab)
-        return t if rows is None else t[start : start + rows]
+    def _chunks(self, info: TensorInfo) -> list[Read]:
+        n, rows = info.shape[0], self._rows_per_chunk(info)
+        return [Read(info, s, min(rows, n - s)) for s in range(0, n, rows)]
 
-    def _load(self, info: TensorInfo, start: int = 0, rows: int | None = None) -> torch.Tensor:
-        t = self._read(info, start, rows)
-        if self.device.type != "cpu":
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        return t
+    def _held(self, task: Task) -> bool:
+        members = task.members
+        return (self.scheme.shares_global_amax and sum(m.source.nbytes for m in members) <= self.hold_bytes
+                and all(self._rows_per_chunk(m.source) == m.source.shape[0] for m in members))
+
+    def reads(self, task: Task) -> list[Read]:
+        """Every read `task` makes, in the order the executor makes them."""
+        if task.kind == "copy":
+            info = task.copy
+            if isinstance(info, ViewedTensor):
+                return [Read(info, 0, info.shape[0])]
+            return [Read(info, s, min(COPY_CHUNK, info.nbytes - s), raw=True) for s in range(0, info.nbytes, COPY_CHUNK)] or [Read(info, 0, 0, raw=True)]
+        if task.kind == "moe":
+            ms = task.members
+            return [r for e in range(0, len(ms), 3) for r in self._whole_reads(ms[e : e + 2]) + self._whole_reads(ms[e + 2 : e + 3])]
+        if self._dense_packing:
+            return self._whole_reads(task.members)
+        if self._held(task):
+            return [Read(m.source, 0, m.source.shape[0]) for m in task.members]
+        chunks = [r for m in task.members for r in self._chunks(m.source)]
+        return chunks + chunks if self.scheme.shares_global_amax else chunks  # amax pass, then quantize pass
+
+    def _whole_reads(self, members) -> list[Read]:
+        """Reads of :meth:`_whole`: each member whole, twice when a shared amax cannot be held."""
+        reqs = [Read(m.source, 0, m.source.shape[0]) for m in members]
+        return reqs + reqs if self.scheme.shares_global_amax and not self._held_members(members) else reqs
+
+    def _schedule(self) -> Iterator[Read]:
+        for index, task in enumerate(self.plan.tasks):
+            if index not in self.done:
+                yield from self.reads(task)
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self):
+        read_share = self.budget_bytes * 3 // 5  # reads ahead; the rest bounds writes behind
+        self.read_budget, self.write_budget = ByteBudget(read_share), ByteBudget(self.budget_bytes - read_share)
+        self._prefetch = Prefetcher(self._schedule(), self.read_budget, self.pin, read_rows) if self.overlap else None
+        self._out = AsyncWriter(self.writer, self.write_budget, self.on_task_written, threaded=self.overlap)
+        try:
+            for index, task in enumerate(self.plan.tasks):
+                if index in self.done:
+                    self.progress(task.bytes_in)
+                    continue
+                if task.kind == "copy":
+                    self._copy(task.copy)  # type: ignore[arg-type]
+                elif task.kind == "moe":
+                    self._moe(task)
+                else:
+                    self._quantize(task)
+                self._out.task_done(index, self.task_outputs(task))
+            self._out.flush()
+        finally:
+            if self._prefetch is not None:
+                self._prefetch.close()
+        self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak
+        return self.stats
+
+    @staticmethod
+    def task_outputs(task: Task) -> list[str]:
+        """The output tensor names `task` writes."""
+        return list(task.outputs)
+
+    def _fetch(self, req: Read) -> torch.Tensor:
+        """The data of the next planned read (from the prefetcher, or read now)."""
+        if self._prefetch is not None:
+            data = self._prefetch.get(req)
+        else:
+            self.read_budget.acquire(req.nbytes)
+            data = load(req, self.pin, read_rows)
+        if not req.raw and self.device.type != "cpu":
+            data = data.to(self.device, non_blocking=True)
+        return data
+
+    def _done_with(self, req: Read) -> None:
+        self.read_budget.release(req.nbytes)
+
+    def _copy(self, info: TensorInfo) -> None:
+        for req in self.reads(Task("copy", copy=info)):
+            data = self._fetch(req)
+            if req.raw:
+                self._out.write(info.name, data, req.start)
+                self._consumed(req.count)
+            else:
+                self._out.write(info.name, data)
+                self._consumed(info.nbytes)
+            self._done_with(req)
 
     def _quantize(self, task: Task) -> None:
-        members = task.members
-        total = sum(m.source.nbytes for m in members)
-        fits = all(self._rows_per_chunk(m.source) == m.source.shape[0] for m in members)
+        if self._dense_packing:
+            self._quantize_packed(task)
+            return
         if not self.scheme.shares_global_amax:
-            for m in members:
-                self._quantize_member(m, None, None)
+            for m in task.members:
+                for req in self._chunks(m.source):
+                    self._quantize_chunk(m, req, None)
             return
-        if fits and total <= self.hold_bytes:
-            held = {m.module: self._load(m.source) for m in members}
-            gamax = self._group_amax({m.module: self.scheme.global_amax(held[m.module]) for m in members}, members)
-            for m in members:
-                self._quantize_member(m, gamax, held.pop(m.module))
+        if self._held(task):
+            reqs = [Read(m.source, 0, m.source.shape[0]) for m in task.members]
+            held = [self._fetch(r) for r in reqs]
+            gamax = self._group_amax([self._amax(w) for w in held], task.members)
+            for m, req, w in zip(task.members, reqs, held):
+                self._quantize_chunk(m, req, gamax, w)
             return
-        amaxes = {m.module: self._streamed_amax(m.source) for m in members}
-        gamax = self._group_amax(amaxes, members)
-        for m in members:
-            self._quantize_member(m, gamax, None)
+        amaxes = []
+        for m in task.members:
+            amax = torch.zeros((), device=self.device)
+            for req in self._chunks(m.source):
+                amax = torch.maximum(amax, self._amax(self._fetch(req)))
+                self._done_with(req)
+            amaxes.append(amax)
+        gamax = self._group_amax(amaxes, task.members)
+        for m in task.members:
+            for req in self._chunks(m.source):
+                self._quantize_chunk(m, req, gamax)
 
-    def _group_amax(self, amaxes: dict[str, torch.Tensor], members: tuple[Member, ...]) -> torch.Tensor:
-        for m in members:
-            if not torch.isfinite(amaxes[m.module]).item():
+    def _whole(self, members) -> list[dict[str, torch.Tensor]]:
+        """Quantize whole members (sharing one global amax where the scheme does): plain outputs."""
+        reqs = [Read(m.source, 0, m.source.shape[0]) for m in members]
+        shared = self.scheme.shares_global_amax
+        if shared and not self._held_members(members):  # too big to hold: an amax pass first
+            amaxes = []
+            for req in reqs:
+                amaxes.append(self._amax(self._fetch(req)))
+                self._done_with(req)
+        outs, held = [], [self._fetch(r) for r in reqs] if shared and self._held_members(members) else None
+        gamax = None
+        if shared:
+            gamax = self._group_amax([self._amax(w) for w in held] if held else amaxes, members)
+        for k, (m, req) in enumerate(zip(members, reqs)):
+            w = held[k] if held else self._fetch(req)
+            out = self.quantize_fn(self.scheme, w, gamax)
+            check_finite(m.source, out)
+            if self.measure_error:
+                self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out))
+            outs.append(out)
+            self._consumed(req.nbytes)
+            self._done_with(req)
+        return outs
+
+    def _held_members(self, members) -> bool:
+        return sum(m.source.nbytes for m in members) <= self.hold_bytes
+
+    def _quantize_packed(self, task: Task) -> None:
+        plain = dict(zip((m.module for m in task.members), self._whole(task.members)))
+        for module, tensors in self.plan.packing.pack_group(plain).items():  # type: ignore[union-attr]
+            for suffix, t in tensors.items():
+                self._out.write(f"{module}.{suffix}", t)
+
+    def _moe(self, task: Task) -> None:
+        """One MoE layer: quantize expert by expert (gate/up share their amax), write the plain
+        per-expert scales, then the packed stacks."""
+        members = task.members
+        experts = []
+        for e in range(len(members) // 3):
+            gate, up, down = members[3 * e : 3 * e + 3]
+            q_gate, q_up = self._whole((gate, up))
+            (q_down,) = self._whole((down,))
+            for m, q in ((gate, q_gate), (up, q_up), (down, q_down)):
+                for suffix, t in q.items():
+                    if suffix != "weight" and t is not None:
+                        self._out.write(f"{m.module}.{suffix}", t)
+            experts.append({"gate": q_gate, "up": q_up, "down": q_down})
+        for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
+            self._out.write(name, t)
+
+    def _amax(self, w: torch.Tensor) -> torch.Tensor:
+        return self.scheme.global_amax(w)
+
+    def _group_amax(self, amaxes: list[torch.Tensor], members: tuple[Member, ...]) -> torch.Tensor:
+        for m, a in zip(members, amaxes):
+            if not torch.isfinite(a).item():
                 raise_non_finite(m.source)
-        return torch.stack([a.reshape(()) for a in amaxes.values()]).amax()
+        return torch.stack([a.reshape(()) for a in amaxes]).amax()
 
-    def _streamed_amax(self, info: TensorInfo) -> torch.Tensor:
-        rows = self._rows_per_chunk(info)
-        amax = torch.zeros((), device=self.device)
-        for start in range(0, info.shape[0], rows):
-            chunk = self._load(info, start, min(rows, info.shape[0] - start))
-            amax = torch.maximum(amax, self.scheme.global_amax(chunk))
-        return amax
-
-    def _quantize_member(self, m: Member, gamax: torch.Tensor | None, held: torch.Tensor | None) -> None:
-        info = m.source
-        n = info.shape[0]
-        rows = n if held is not None else self._rows_per_chunk(info)
-        cursors: dict[str, int] = {}
-        err = ErrorStats() if self.measure_error else None
-        for start in range(0, n, rows):
-            count = min(rows, n - start)
-            w = held if held is not None else self._load(info, start, count)
-            out = self.scheme.quantize(w, gamax)
-            check_finite(info, out)
-            for suffix, t in out.items():
-                name = f"{m.module}.{suffix}"
-                if t.dim() == 0:
-                    if start == 0:
-                        self.writer.write(name, t)
-                    continue
-                t = t.cpu()
-                self.writer.write(name, t, cursors.get(name, 0))
-                cursors[name] = cursors.get(name, 0) + t.numel() * t.element_size()
-            if err is not None:
-                err.add(w.float(), self.scheme.dequantize(out))
-            self._consumed(count * (info.nbytes // max(n, 1)))
-        if err is not None:
-            self.stats.errors[m.module] = err
+    def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
+        if w is None:
+            w = self._fetch(req)
+        out = self.quantize_fn(self.scheme, w, gamax)
+        check_finite(m.source, out)
+        for suffix, t in out.items():
+            name = f"{m.module}.{suffix}"
+            if t.dim() == 0:
+                if req.start == 0:
+                    self._out.write(name, t)
+                continue
+            # Row-indexed outputs hold a fixed number of bytes per source row (chunks start at row_align multiples).
+            self._out.write(name, t, req.start * self.plan.outputs[name].nbytes // m.source.shape[0])
+        if self.measure_error:
+            self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out))
+        self._consumed(req.nbytes)
+        self._done_with(req)
 
     def _consumed(self, n: int) -> None:
         self.stats.bytes_read += n
@@ -204,7 +324,7 @@ def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
 
 
 def raise_non_finite(info: TensorInfo):
-    w = (info.apply(read_tensor(info.slab)) if isinstance(info, ViewedTensor) else read_tensor(info)).float()
+    w = read_rows(info, 0, info.shape[0]).float()
     bad = (~torch.isfinite(w)).nonzero()
     where = f" (first at {bad[0].tolist()}, {int(bad.shape[0])} element(s))" if bad.numel() else ""
     raise NumericsError(
@@ -213,4 +333,4 @@ def raise_non_finite(info: TensorInfo):
     )
 
 
-__all__ = ["Executor", "RunStats", "relative_error", "sqnr_db"]
+__all__ = ["Executor", "RunStats", "read_rows"]

@@ -19,7 +19,11 @@ from .experts import expand
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
-from .validate import ERROR, WARNING, Finding, validate
+from .validate import ERROR, WARNING, Finding, moe_layers, validate
+from . import layouts
+from .experts import expert_names
+from .layouts import Layout
+from .packing import Packing, act_dtype_from_config
 
 
 @dataclass(frozen=True)
@@ -37,16 +41,18 @@ class Member:
 @dataclass(frozen=True)
 class Task:
     """A unit of work. ``quantize``: members sharing one global amax (a fused group, or one
-    Linear); ``copy``: one tensor copied byte for byte."""
+    Linear); ``moe``: every expert Linear of one MoE layer, packed into stacks (``--layout``);
+    ``copy``: one tensor copied byte for byte. ``outputs``: the output tensors it writes."""
 
     kind: str
     members: tuple[Member, ...] = ()
     copy: TensorInfo | None = None
     group: str | None = None
+    outputs: tuple[str, ...] = ()
 
     @property
     def sources(self) -> list[TensorInfo]:
-        return [m.source for m in self.members] if self.kind == "quantize" else [self.copy]  # type: ignore[list-item]
+        return [m.source for m in self.members] if self.kind != "copy" else [self.copy]  # type: ignore[list-item]
 
     @property
     def bytes_in(self) -> int:
@@ -78,6 +84,7 @@ class Plan:
     exclude_modules: list[str]
     kv_cache_dtype: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    packing: Packing | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -125,21 +132,90 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * base**power)
 
 
+def _packing(layout: str, scheme: Scheme, config: dict, findings: list[Finding]) -> Packing | None:
+    """The --layout to pack into, or None (plain, or refused with a finding).
+
+    Where the dense kernel reads the plain bytes ("no bytes move", e.g. CUTLASS FP8) but its MoE
+    kernel has a layout of its own, dense Linears are written plain and MoE stacks packed.
+    """
+    if layout in (None, "plain"):
+        return None
+    act, why = act_dtype_from_config(config)
+    if act is None:
+        findings.append(Finding(ERROR, "layout", layout, f"--layout {layout}: {why}"))
+        return None
+    dense = layouts.supported(layout, scheme.algo)
+    moe = layouts.supported(layout, scheme.algo, moe=True)
+    if dense and (moe or not dense.startswith("no bytes move")):
+        findings.append(Finding(ERROR, "layout", layout, f"--layout {layout} --algo {scheme.algo}: {dense}"))
+        return None
+    return Packing(Layout(layout), scheme.algo, act, dense=dense is None)
+
+
 def _user_excludes(module: str, patterns) -> bool:
     return any(match_reason(module, e) for p in patterns for e in vllm_rewrite([p]))
 
 
-def _outputs(mods: dict[str, Module], scheme: Scheme) -> dict[str, OutTensor]:
+def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict]) -> dict[str, OutTensor]:
     outs: dict[str, OutTensor] = {}
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
-                for suffix, (dtype, shape) in scheme.outputs(info.shape).items():
+                if packing is None:
+                    specs = scheme.outputs(info.shape)
+                elif mod.vllm_prefix in stacks:  # an expert: its plain scales; the weight goes into the stacks
+                    specs = {k: v for k, v in scheme.outputs(info.shape).items() if k != "weight"}
+                elif packing.dense and not packing.dense_problem(info.shape):
+                    specs = packing.dense_specs(info.shape)
+                else:  # written plain (no bytes move for this kernel), or refused by a finding
+                    specs = scheme.outputs(info.shape)
+                for suffix, (dtype, shape) in specs.items():
                     name = f"{mod.name}.{suffix}"
                     outs[name] = OutTensor(name, dtype, shape, nbytes_of(dtype, shape))
             else:
                 outs[info.name] = OutTensor(info.name, info.dtype, info.shape, info.nbytes)
+    for specs in stacks.values():
+        for name, (dtype, shape) in specs.items():
+            outs[name] = OutTensor(name, dtype, shape, nbytes_of(dtype, shape))
     return outs
+
+
+def _moe_stacks(mods: dict[str, Module], recipe: Recipe, packing: Packing | None, findings: list[Finding]) -> dict[str, dict]:
+    """Packed-stack output specs per quantized MoE layer (``--layout`` only); problems as findings."""
+    if packing is None:
+        return {}
+    names = expert_names(recipe)
+    stacks = {}
+    for container, experts in moe_layers(mods).items():
+        if not all(m.quantize for m in experts):
+            continue
+        by_role = {r: [m for m in experts if m.name.endswith("." + names[r])] for r in ("gate", "up", "down")}
+        count = len(by_role["down"])
+        if not count or any(len(v) != count for v in by_role.values()):
+            findings.append(Finding(ERROR, "layout", container, f"{container}: experts lack gate/up/down ({', '.join(names.values())}); cannot stack them for --layout {packing.layout.value}"))
+            continue
+        i, h = by_role["gate"][0].weight.shape  # type: ignore[union-attr]
+        why = packing.moe_problem(count, i, h)
+        if why:
+            findings.append(Finding(ERROR, "layout", container, f"{container} (E={count}, I={i}, H={h}): --layout {packing.layout.value}: {why}"))
+            continue
+        stacks[container] = packing.moe_stack_specs(container, count, i, h)
+    return stacks
+
+
+def _layout_findings(mods: dict[str, Module], packing: Packing, stacks: dict) -> list[Finding]:
+    out = []
+    if not packing.dense and not stacks:
+        why = layouts.supported(packing.layout, packing.algo)
+        return [Finding(ERROR, "layout", packing.layout.value, f"--layout {packing.layout.value} --algo {packing.algo}: {why}")]
+    for mod in mods.values():
+        if not packing.dense:
+            break
+        if mod.quantize and mod.vllm_prefix not in stacks and not mod.vllm_prefix.endswith("experts"):
+            why = packing.dense_problem(mod.weight.shape)  # type: ignore[union-attr]
+            if why:
+                out.append(Finding(ERROR, "layout", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: --layout {packing.layout.value} --algo {packing.algo}: {why}; fix: --exclude {mod.vllm_prefix!r} or --layout plain"))  # type: ignore[union-attr]
+    return out
 
 
 def _assign_shards(outs: dict[str, OutTensor], max_shard: int) -> tuple[dict[str, OutTensor], list[str]]:
@@ -164,21 +240,44 @@ def _assign_shards(outs: dict[str, OutTensor], max_shard: int) -> tuple[dict[str
     return placed, names
 
 
-def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Scheme, order: dict[str, int]) -> list[Task]:
+def _expert_order(container: str, m: Module, names: dict[str, str]) -> tuple[int, int]:
+    e, _, proj = m.name[len(container) + 1 :].partition(".")
+    return int(e), ["gate", "up", "down"].index(next(r for r, n in names.items() if n == proj))
+
+
+def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Scheme, order: dict[str, int],
+           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor]) -> list[Task]:
+    by_module: dict[str, list[str]] = {}
+    for name in outs:
+        by_module.setdefault(name.rpartition(".")[0], []).append(name)
+
+    def written(members) -> tuple[str, ...]:
+        """What quantizing `members` writes: their outputs except the other leaves copied as-is (bias)."""
+        return tuple(n for m in members for n in by_module.get(m.name, ())
+                     if n.rpartition(".")[2] == "weight" or n.rpartition(".")[2] not in m.tensors)
+
     tasks: list[Task] = []
     grouped: set[str] = set()
+    names = expert_names(recipe)
+    for container, experts in moe_layers(mods).items():
+        if container in stacks:
+            members = sorted(experts, key=lambda m: _expert_order(container, m, names))
+            tasks.append(Task("moe", tuple(Member(m.name, m.weight) for m in members), group=container,  # type: ignore[arg-type]
+                              outputs=written(members) + tuple(stacks[container])))
+            grouped.update(m.name for m in members)
     if scheme.shares_global_amax:
         for prefix, members in groups.items():
-            if all(m.quantize for m in members):
-                tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix))  # type: ignore[arg-type]
+            if all(m.quantize for m in members) and not grouped & {m.name for m in members}:
+                tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix,  # type: ignore[arg-type]
+                                  outputs=written(members)))
                 grouped.update(m.name for m in members)
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if mod.name not in grouped:
-                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group))
+                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group, outputs=written([mod])))
             else:
-                tasks.append(Task("copy", copy=info))
+                tasks.append(Task("copy", copy=info, outputs=(info.name,)))
     # Read in source order (file, then offset): sequential I/O whatever the output order.
     return sorted(tasks, key=lambda t: min(order[s.path] * (1 << 62) + s.offset for s in t.sources))
 
@@ -191,6 +290,7 @@ def build_plan(
     max_shard_size: int = 5 * 10**9,
     kv_cache_dtype: str | None = None,
     tp: int = 1,
+    layout: str = "plain",
 ) -> Plan:
     """Decide everything about a conversion without reading tensor data."""
     num_layers = source.config.get("num_hidden_layers")
@@ -202,20 +302,25 @@ def build_plan(
     entries = build_exclude_modules(mods, dict(recipe.fused))
     findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
+    packing = _packing(layout, scheme, source.config, findings)
+    stacks = _moe_stacks(mods, recipe, packing, findings)
+    if packing is not None:
+        findings += _layout_findings(mods, packing, stacks)
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards(_outputs(mods, scheme), max_shard_size)
+    outs, shard_names = _assign_shards(_outputs(mods, scheme, packing, stacks), max_shard_size)
     return Plan(
         source=source,
         scheme=scheme,
         recipe=recipe,
         modules=mods,
         groups={k: [m.name for m in v] for k, v in groups.items()},
-        tasks=_tasks(mods, groups, scheme, order),
+        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs),
         outputs=outs,
         shard_names=shard_names,
         exclude_modules=entries,
         kv_cache_dtype=kv_cache_dtype,
         findings=findings,
+        packing=packing,
     )
 
 

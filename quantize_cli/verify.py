@@ -239,6 +239,11 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     scheme = scheme_for((nested.get("quantization") or {}).get("quant_algo"))
     if scheme is None:
         return res
+    layout = ((nested.get("converter") or {}).get("layout") or {}).get("name")
+    if layout not in (None, "plain"):
+        res.add(ERROR, "packed", layout, f"{path}: holds the packed '{layout}' layout, which stock loaders cannot read by design; "
+                "verify its plain form: quantize unpack DST -o PLAIN && quantize verify PLAIN (the round trip is exact)")
+        return res
     res.algo = scheme.algo
     quantized = _check_modules(tensors, scheme, res)
     exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])

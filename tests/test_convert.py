@@ -176,8 +176,8 @@ def test_large_tensor_is_streamed_in_row_chunks_with_identical_bytes(make_checkp
     import quantize_cli.execute as ex
 
     reads = []
-    real = ex.read_tensor
-    monkeypatch.setattr(ex, "read_tensor", lambda info, start=0, rows=None: reads.append(rows not in (None, info.shape[0])) or real(info, start, rows))
+    real = ex.read_rows
+    monkeypatch.setattr(ex, "read_rows", lambda info, start, count, pin=False: reads.append(count != info.shape[0]) or real(info, start, count, pin))
     cfg = llama_config()
     src = make_checkpoint(llama_tensors(cfg, seed=4), cfg, shards=2)
     for algo in ("FP8", "FP8_PB_WO", "NVFP4"):

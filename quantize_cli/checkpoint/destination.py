@@ -9,6 +9,7 @@ complete (the old one is moved aside, the new one renamed in, the old one remove
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -113,9 +114,10 @@ class Destination:
                         os.rename(old, self.dst)
                         old = None
                     raise
-                _fsync_dir(self.parent)
             except OSError as exc:
                 raise DestinationError(f"{self.dst}: cannot publish the finished output ({exc.strerror}); check permissions and space") from exc
+            with contextlib.suppress(OSError):  # DST is complete and in place; durability of the rename is best effort
+                _fsync_dir(self.parent)
             self.release()
         if old:
             shutil.rmtree(old, ignore_errors=True)

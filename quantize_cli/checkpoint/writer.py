@@ -61,6 +61,10 @@ class ShardWriter:
             self._fds.append(fd)
             self._data_start.append(len(header))
 
+    def data_start(self, shard: int) -> int:
+        """Byte offset of shard `shard`'s data section (after its header)."""
+        return self._data_start[shard]
+
     def write(self, name: str, tensor: torch.Tensor, byte_offset: int = 0) -> None:
         """Write `tensor` (CPU; any dtype) into output `name`, starting `byte_offset` bytes in."""
         t = tensor.detach()

@@ -91,8 +91,7 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
     if algo == "W4A16_NVFP4":
         return _W4A16_ONLY
     if layout is Layout.CUTLASS:
-        what = {"INT8": "INT8 W8A8", "FP8_PB_WO": "128x128 block-FP8"}.get(algo, "FP8")
-        return cutlass.NO_BYTES_MOVE.format(what=what)
+        return cutlass.NO_BYTES_MOVE[algo]
     if algo == "FP8":
         return (
             "no bytes move: FlashInfer's dense FP8 GEMM (bmm_fp8) reads the same weight.t() view "
@@ -105,7 +104,10 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
         )
     if algo == "INT8":
         return "FlashInfer has no INT8 GEMM in vLLM 0.33.0"
-    return f"FlashInfer dense {algo} is not supported by vLLM 0.33.0 (needs per-tensor activations)"
+    return (
+        "FlashInfer's dense FP8 GEMM takes per-tensor weight and activation scales only; per-channel FP8 "
+        "runs on CUTLASS, where no bytes move; write --layout plain"
+    )
 
 
 def _require(layout: Layout, algo: str, moe: bool = False) -> None:
@@ -283,8 +285,8 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
             "tile": {"k": marlin.TILE_K, "n": marlin.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "
                        "K a multiple of the group; logical [N, K] in weight_shape_marlin",
-            "fp8_scale_multiplier": marlin.FP8_BIAS.get(act_dtype),
-            "nvfp4_global_scale_multiplier": marlin.NVFP4_GLOBAL_BIAS.get(act_dtype),
+            "fp8_scale_log2_multiplier": {torch.bfloat16: 120, torch.float16: 8}.get(act_dtype),
+            "nvfp4_global_scale_log2_multiplier": {torch.bfloat16: 119, torch.float16: 7}.get(act_dtype),
             "nvfp4_scale_format": "S0E5M3 bytes (typed F8_E4M3), data-dependent scale_factor folded into "
                                   "weight_global_scale_marlin",
         })

@@ -16,7 +16,7 @@ NVFP4 W4A4 is the only dense format whose bytes move:
 
 FP8 (per tensor / channel / 128x128 block) and INT8 W8A8 move no bytes on CUTLASS: the kernels take
 ``weight.t()`` (a view of the checkpoint's ``[N, K]`` bytes) and the checkpoint's fp32 scales
-(spec §2.1-2.2, §2.5, §4), so there is nothing to pre-pack; see :data:`NO_BYTES_MOVE`.
+(spec §2.1-2.2, §2.5, §4), so there is nothing to pre-pack; :data:`NO_BYTES_MOVE` says why per algo.
 Pure torch (pad/reshape/permute): CPU and CUDA give the same bytes.
 """
 
@@ -31,11 +31,16 @@ SUFFIX = "_cutlass"
 WEIGHT_ALIGN = 32  # rows and K elements
 NVFP4_GROUP = 16
 
-NO_BYTES_MOVE = (
-    "no bytes move: vLLM 0.33.0's CUTLASS {what} kernel reads weight.t(), a view of the plain "
-    "[N, K] checkpoint bytes, and the plain fp32 scales, so a pre-packed copy would equal the plain "
-    "checkpoint; write --layout plain"
-)
+NO_BYTES_MOVE = {
+    "FP8": "no bytes move: vLLM 0.33.0's CUTLASS FP8 GEMM reads weight.t(), a view of the plain [N, K] "
+           "bytes, and the plain fp32 scales (fused shards share one scale already); write --layout plain",
+    "FP8_PB_WO": "no bytes move: the CUTLASS block-FP8 GEMM takes the plain [N, K] weight and [N/128, K/128] "
+                 "fp32 scales (DeepGEMM's UE8M0 requant and SM100 scale packing depend on GPU and env, so "
+                 "they are not pre-packed); write --layout plain",
+    "INT8": "no bytes move: vLLM 0.33.0's CUTLASS INT8 W8A8 GEMM reads weight.t(), a view of the plain "
+            "[N, K] bytes, and [N, 1] fp32 scales; write --layout plain",
+}
+NO_BYTES_MOVE["FP8_PER_CHANNEL_PER_TOKEN"] = NO_BYTES_MOVE["FP8"]
 
 
 def _up(x: int, m: int) -> int:
@@ -104,13 +109,13 @@ def unpack(algo: str, packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def dequantize(algo: str, packed: dict[str, torch.Tensor]) -> torch.Tensor:
-    """fp32 ``[ceil32(N), ceil32(K)]`` weight read from the packed tensors as the kernel reads them
-    (E2M1 x unswizzled e4m3 block scale x ``weight_scale_2``); padding decodes to 0."""
+    """fp32 ``[ceil32(N), ceil32(K)]`` weight read from the packed tensors as the kernel reads them:
+    (E2M1 x unswizzled e4m3 block scale) x ``weight_scale_2``; padding decodes to 0.
+
+    The swizzled scale tile always covers the padded weight (ceil128(N) >= ceil32(N) rows,
+    4*ceil4(K/16) >= ceil32(K)/16 columns), so its zero padding scales the padded codes."""
     w = packed["weight" + SUFFIX]
-    np_, k = w.shape[0], w.shape[1] * 2
-    s = packed["weight_scale" + SUFFIX]
-    rows, cols = min(np_, s.shape[0]), k // NVFP4_GROUP
-    s = unswizzle_128x4(s, rows, min(cols, s.shape[1])).float()
-    s = F.pad(s, (0, cols - s.shape[1], 0, np_ - rows))  # weight padding beyond the scale tile
+    np_, cols = w.shape[0], w.shape[1] * 2 // NVFP4_GROUP
+    s = unswizzle_128x4(packed["weight_scale" + SUFFIX], np_, cols).float()
     vals = e2m1_values(unpack_nibbles(w)).reshape(np_, cols, NVFP4_GROUP)
-    return ((vals * s[:, :, None]).reshape(np_, k)) * packed["weight_scale_2"]
+    return (vals * s[:, :, None]).reshape(np_, -1) * packed["weight_scale_2"]

@@ -18,10 +18,14 @@ NVFP4 payloads have H/2, I/2 bytes, scales H/16, I/16 columns):
   ``s = (r//32)*32 + (r%8)*4 + (r%32)//8``, ``src = I + s//2`` if s even (up) else ``s//2`` (gate).
 * per-expert 128x4 swizzle of block scales (NVFP4).
 
-| backend | FP8 per tensor | FP8 128x128 block | NVFP4 |
-|---|---|---|---|
-| ``trtllm`` (layout flashinfer) | w13 gated+shuffle, w2 shuffle, w13 scale [E] = max(w1, w3) | w31 swap (+scales), 16-row shuffle + BlockMajorK ``[E, K/128, M, 128]``, scales clamped >= 1e-10 | w13 gated+shuffle (weight + scale rows), w2 shuffle, scales 128x4 per expert |
-| ``cutlass`` (layout cutlass) | w31 swap, w13 scale [E] | w31 swap (+scales), scales clamped | w31 swap (weight + scale), scales 128x4 per expert |
+Backends (``trtllm`` = layout flashinfer, ``cutlass`` = layout cutlass, FlashInfer's CUTLASS MoE):
+
+* FP8 per tensor: trtllm w13 gated+shuffle, w2 32-row shuffle; cutlass w31 swap. Both: w13 scale
+  ``[E]`` = max(w1, w3) (vLLM's per-expert requant target; equal halves required, so no requant).
+* FP8 128x128 block: w31 swap of weight and block scales, scales clamped >= 1e-10; trtllm also
+  16-row shuffle + BlockMajorK ``[E, K/128, M, 128]`` of both weights.
+* NVFP4: trtllm w13 gated+shuffle of weight and scale rows, w2 32-row shuffle; cutlass w31 swap.
+  Both: scales 128x4-swizzled per expert.
 
 Pure torch (reshape/permute/flip): CPU and CUDA give the same bytes.
 """
@@ -175,7 +179,8 @@ def moe_specs(backend: str, algo: str, e: int, i: int, h: int, sfx: str) -> dict
     w13 = (e, h // FP8_BLOCK, 2 * i, FP8_BLOCK) if backend == "trtllm" else (e, 2 * i, h)
     w2 = (e, i // FP8_BLOCK, h, FP8_BLOCK) if backend == "trtllm" else (e, h, i)
     return {
-        "w13": {"weight" + sfx: ("F8_E4M3", w13), "weight_scale" + sfx: ("F32", (e, 2 * i // FP8_BLOCK, h // FP8_BLOCK))},
+        "w13": {"weight" + sfx: ("F8_E4M3", w13),
+                "weight_scale" + sfx: ("F32", (e, 2 * i // FP8_BLOCK, h // FP8_BLOCK))},
         "w2": {"weight" + sfx: ("F8_E4M3", w2), "weight_scale" + sfx: ("F32", (e, h // FP8_BLOCK, i // FP8_BLOCK))},
     }
 

@@ -74,7 +74,10 @@ def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:
     """Cheapest ``(Np, Nk)`` of the two GEMM families (N%64, K%128) / (N%128, K%64), K kept a
     multiple of the group; ties go to the smaller ``Np + Kp`` (vLLM ``marlin_padded_nk``)."""
     g = group if group > 0 else 1
-    up = lambda x, m: -(-x // m) * m  # noqa: E731
+
+    def up(x: int, m: int) -> int:
+        return -(-x // m) * m
+
     cands = ((up(n, 64), up(k, math.lcm(128, g))), (up(n, 128), up(k, math.lcm(64, g))))
     return min(cands, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
 

@@ -1,0 +1,193 @@
+"""Overlapped I/O: a read-ahead thread and a write-behind thread around the compute.
+
+The executor's reads are known in advance (the plan fixes every tensor, chunk and order), so a
+:class:`Prefetcher` performs them ahead of the compute into (pinned) host buffers, and an
+:class:`AsyncWriter` performs the ``pwrite``s behind it. One :class:`ByteBudget` bounds every
+byte in flight (read but not yet consumed, produced but not yet written), so host memory stays
+within ``--memory-budget`` whatever the model size. File I/O and torch kernels release the GIL,
+so the three stages really run at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into
+
+
+class ByteBudget:
+    """A counting semaphore over bytes. One request larger than the whole budget is still
+    granted when nothing else is in flight, so a huge tensor cannot deadlock the pipeline."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self.used = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, abort: Callable[[], bool] = lambda: False) -> None:
+        with self._cond:
+            while self.used and self.used + n > self.limit:
+                if abort():
+                    return
+                self._cond.wait(0.1)
+            self.used += n
+            self.peak = max(self.peak, self.used)
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class Read:
+    """One planned read: rows ``[start, start+count)`` of a tensor, or bytes of a copied one."""
+
+    info: TensorInfo
+    start: int
+    count: int
+    raw: bool = False  # True: bytes of a tensor copied verbatim
+
+    @property
+    def nbytes(self) -> int:
+        if self.raw:
+            return self.count
+        rows = self.info.shape[0] if self.info.shape else 1
+        return self.count * (self.info.nbytes // max(rows, 1)) if self.info.shape else self.info.nbytes
+
+
+def load(req: Read, pin: bool, reader: Callable) -> torch.Tensor:
+    """Perform `req` into a new (pinned) buffer: raw uint8 bytes, or a typed row block."""
+    if req.raw:
+        buf = torch.empty(req.count, dtype=torch.uint8, pin_memory=pin)
+        if req.count:
+            read_bytes_into(req.info, byte_view(buf), req.start, req.count)
+        return buf
+    return reader(req.info, req.start, req.count, pin)
+
+
+class Prefetcher:
+    """Reads `requests` in order on a background thread, at most `budget` bytes ahead."""
+
+    _DONE = object()
+
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, pin: bool, reader: Callable):
+        self.budget = budget
+        self._q: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iter(requests), pin, reader), daemon=True, name="quantize-read")
+        self._thread.start()
+
+    def _run(self, requests, pin, reader) -> None:
+        try:
+            for req in requests:
+                self.budget.acquire(req.nbytes, self._stop.is_set)
+                if self._stop.is_set():
+                    return
+                self._q.put((req, load(req, pin, reader)))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._q.put((None, exc))
+        finally:
+            self._q.put((self._DONE, None))
+
+    def get(self, expected: Read) -> torch.Tensor:
+        """The data of the next request, which must be `expected` (the executor's own order)."""
+        req, data = self._q.get()
+        if req is None:
+            raise data
+        if req is self._DONE or req != expected:
+            raise AssertionError(f"read order mismatch: planned {req}, executor wants {expected}")
+        return data
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+class AsyncWriter:
+    """Writes ``(name, tensor, byte offset)`` items on a background thread; tracks per-task CRCs.
+
+    ``task_done(i)`` is ordered after the task's writes: when the thread reaches it, every byte of
+    task `i` is in the files and ``on_task_written(i, crc)`` is called (the resume journal).
+    """
+
+    def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True):
+        self.writer = writer
+        self.budget = budget
+        self.on_task_written = on_task_written
+        self._crc: dict[str, int] = {}
+        self._error: BaseException | None = None
+        self._q: queue.Queue | None = queue.Queue() if threaded else None
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="quantize-write")
+            self._thread.start()
+
+    def _do(self, item) -> None:
+        kind = item[0]
+        if kind == "write":
+            _, name, tensor, offset, nbytes = item
+            data = byte_view(tensor) if tensor.numel() else memoryview(b"")
+            self.writer.write_bytes(name, data, offset)
+            self._crc[name] = zlib.crc32(data, self._crc.get(name, 0))
+            self.budget.release(nbytes)
+        elif kind == "task":
+            _, index, names = item
+            digest = zlib.crc32(";".join(f"{n}:{self._crc.pop(n, 0):08x}" for n in sorted(names)).encode())
+            self.on_task_written(index, f"{digest:08x}")
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()  # type: ignore[union-attr]
+            if item is None:
+                return
+            if self._error is not None:
+                if item[0] == "write":
+                    self.budget.release(item[4])
+                continue
+            try:
+                self._do(item)
+            except BaseException as exc:
+                self._error = exc
+                if item[0] == "write":
+                    self.budget.release(item[4])
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, name: str, tensor: torch.Tensor, offset: int = 0) -> None:
+        """Queue `tensor`'s bytes (CPU) for output `name` at `offset` bytes into the tensor."""
+        self._raise()
+        t = tensor.detach()
+        t = (t.cpu() if t.device.type != "cpu" else t).contiguous().reshape(-1).view(torch.uint8)
+        item = ("write", name, t, offset, t.numel())
+        self.budget.acquire(t.numel())
+        if self._q is None:
+            self._do(item)
+        else:
+            self._q.put(item)
+
+    def task_done(self, index: int, names: list[str]) -> None:
+        self._raise()
+        item = ("task", index, names)
+        self._do(item) if self._q is None else self._q.put(item)
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk (page cache); raise the first write error."""
+        if self._q is not None and self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._q, self._thread = None, None
+        self._raise()

@@ -1,0 +1,120 @@
+"""``quantize unpack DST -o PLAIN``: a packed-layout checkpoint back to the plain ModelOpt one.
+
+The result is byte-identical to a plain conversion of the same source: packed tensors are
+unpacked exactly (the plain scales were kept beside them), MoE stacks are split back into the
+per-expert weights, shards are laid out by the same rule and ``max_shard_size`` (recorded in the
+layout metadata), and the layout record is dropped from both config files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+from . import layouts
+from .checkpoint.destination import Destination
+from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_dtype
+from .checkpoint.writer import ShardWriter
+from .errors import SourceError
+from .experts import expert_names
+from .packing import ACT_DTYPES, unstack
+from .plan import OutTensor, _assign_shards, parse_size
+from .recipe import load_recipe
+from .schemes import SCHEMES
+
+_SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
+
+
+def _layout_record(folder: str) -> tuple[dict, dict, dict]:
+    try:
+        with open(os.path.join(folder, "hf_quant_config.json")) as f:
+            nested = json.load(f)
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{folder}: cannot read hf_quant_config.json / config.json ({exc}); is it a quantize output?") from exc
+    record = (nested.get("converter") or {}).get("layout")
+    if not isinstance(record, dict) or record.get("name") in (None, "plain"):
+        raise SourceError(f"{folder}: no packed layout is recorded in hf_quant_config.json; it is already a plain checkpoint")
+    return nested, config, record
+
+
+def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
+    """Write the plain checkpoint of packed checkpoint `src` to `dst` (atomically)."""
+    src = os.path.abspath(src)
+    nested, config, record = _layout_record(src)
+    layout = layouts.Layout(record["name"])
+    sfx = layouts.suffix(layout)
+    scheme = next(s for s in SCHEMES.values() if s.quant_algo == nested["quantization"]["quant_algo"])
+    act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), torch.bfloat16)
+    names = expert_names(load_recipe(None, config.get("model_type")))
+    shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    tensors = {n: t for f in shards for n, t in read_header(os.path.join(src, f)).tensors.items()}
+    modules: dict[str, dict] = {}
+    for name, info in tensors.items():
+        modules.setdefault(info.module, {})[info.leaf] = info
+
+    def produce():
+        """(name, tensor) of every plain output, one module or MoE layer at a time."""
+        for mod, leaves in modules.items():
+            stack = [k for k in leaves if k.startswith(("w13_", "w2_")) and k.endswith(sfx)]
+            packed = {k: v for k, v in leaves.items() if k.endswith(sfx)}
+            if stack:
+                side = {"w13": {}, "w2": {}}
+                for k in stack:
+                    side[k.split("_", 1)[0]][k.split("_", 1)[1]] = read_tensor(leaves[k])
+                plain = layouts.unpack_moe(layout, scheme.algo, side)
+                for e, parts in enumerate(unstack(plain["w13"]["weight"], plain["w2"]["weight"])):
+                    for role, w in parts.items():
+                        yield f"{mod}.{e}.{names[role]}.weight", w.contiguous()
+                rest = {k: v for k, v in leaves.items() if k not in stack}
+            elif packed:
+                plain = layouts.unpack(layout, scheme.algo, {k: read_tensor(v) for k, v in leaves.items()}, act)
+                for k, v in plain.items():
+                    yield f"{mod}.{k}", v
+                rest = {}
+            else:
+                rest = leaves
+            for info in rest.values():
+                yield info.name, read_tensor(info)
+
+    # First pass: shapes only, so the header-first writer can lay the shards out.
+    specs: dict[str, OutTensor] = {}
+    for name, t in produce():
+        specs[name] = OutTensor(name, st_dtype(t.dtype), tuple(t.shape), nbytes_of(st_dtype(t.dtype), tuple(t.shape)))
+    outs, shard_names = _assign_shards(specs, parse_size(record.get("max_shard_size", "5GB")))
+    dest = Destination(dst, src_root=src, overwrite=overwrite)
+    dest.acquire()
+    try:
+        writer = ShardWriter(dest.partial, outs, shard_names)
+        writer.open()
+        for name, t in produce():
+            writer.write(name, t)
+        writer.close()
+        _write_configs(dest.partial, nested, config, src)
+        dest.commit()
+    except BaseException:
+        dest.discard()
+        raise
+    return dest.dst
+
+
+def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
+    nested = json.loads(json.dumps(nested))
+    nested.get("converter", {}).pop("layout", None)
+    config = json.loads(json.dumps(config))
+    config.get("quantization_config", {}).pop("layout", None)
+    with open(os.path.join(folder, "hf_quant_config.json"), "w") as f:
+        json.dump(nested, f, indent=4)
+        f.write("\n")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        if name in _SKIP or name.endswith(".safetensors") or name.startswith(".") or not os.path.isfile(path):
+            continue
+        shutil.copyfile(path, os.path.join(folder, name))

@@ -1,0 +1,108 @@
+"""--layout end to end: packed outputs, stock-loader safety, config record, exact unpack round trip."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from quantize_cli import layouts
+from quantize_cli.api import convert, unpack
+from quantize_cli.errors import PlanError
+from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors
+from quantize_cli.schemes import SCHEMES
+from quantize_cli.verify import verify_checkpoint
+
+DENSE = [("marlin", "NVFP4"), ("marlin", "W4A16_NVFP4"), ("marlin", "FP8"), ("marlin", "FP8_PER_CHANNEL_PER_TOKEN"),
+         ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4")]
+
+
+def files(folder):
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+
+
+def tensors(folder):
+    out = {}
+    for f in os.listdir(folder):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, f)))
+    return out
+
+
+@pytest.mark.parametrize("layout,algo", DENSE)
+def test_dense_round_trip_is_byte_identical_to_a_plain_conversion(tiny_llama, tmp_path, layout, algo):
+    convert(tiny_llama, str(tmp_path / "packed"), algo=algo, layout=layout, quiet=True)
+    convert(tiny_llama, str(tmp_path / "plain"), algo=algo, quiet=True)
+    unpack(str(tmp_path / "packed"), str(tmp_path / "unpacked"), quiet=True)
+    assert files(tmp_path / "unpacked") == files(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("layout,algo", [("cutlass", "NVFP4"), ("flashinfer", "NVFP4"), ("flashinfer", "FP8"), ("cutlass", "FP8")])
+def test_moe_stacks_round_trip(make_checkpoint, tmp_path, layout, algo):
+    cfg = qwen3_moe_config()
+    src = make_checkpoint(qwen3_moe_tensors(cfg, seed=3, fused_experts=True), cfg, shards=2)
+    convert(src, str(tmp_path / "packed"), algo=algo, layout=layout, quiet=True)
+    convert(src, str(tmp_path / "plain"), algo=algo, quiet=True)
+    unpack(str(tmp_path / "packed"), str(tmp_path / "unpacked"), quiet=True)
+    assert files(tmp_path / "unpacked") == files(tmp_path / "plain")
+    packed = tensors(tmp_path / "packed")
+    sfx = layouts.suffix(layout)
+    assert f"model.layers.0.mlp.experts.w13_weight{sfx}" in packed
+    assert not any(k.endswith(".weight") and ".experts." in k for k in packed)  # expert weights only in the stacks
+
+
+def test_packed_checkpoint_makes_stock_loaders_fail_loudly(tiny_llama, tmp_path):
+    """A loader that does not know the layout looks for <module>.weight and finds none."""
+    convert(tiny_llama, str(tmp_path / "p"), algo="NVFP4", layout="marlin", quiet=True)
+    t = tensors(tmp_path / "p")
+    cfg = json.load(open(tmp_path / "p" / "config.json"))["quantization_config"]
+    quantized = [m for m in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")]
+    for m in quantized:
+        assert f"{m}.weight" not in t and f"{m}.weight_marlin" in t
+        with pytest.raises(KeyError):
+            t[f"{m}.weight"]  # what vLLM's ModelOpt loader would ask for
+        assert f"{m}.weight_scale" in t and f"{m}.weight_scale_2" in t  # plain scales kept beside
+    rec = cfg["layout"]
+    assert rec["name"] == "marlin" and rec["activation_dtype"] == "bfloat16" and "vllm 0.33.0" in rec["target"]
+    assert json.load(open(tmp_path / "p" / "hf_quant_config.json"))["converter"]["layout"]["name"] == "marlin"
+    assert any(f.code == "packed" for f in verify_checkpoint(str(tmp_path / "p")).errors)
+
+
+@pytest.mark.parametrize("layout,algo", [("marlin", "NVFP4"), ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4")])
+def test_semantics_packed_operands_compute_the_plain_weight(tiny_llama, tmp_path, layout, algo):
+    """A matmul reading the packed operands (through unpack + dequantization) equals the plain one
+    exactly; the kernel's own view of the operands (layouts.dequantize: its order of products)
+    agrees to fp32 rounding."""
+    convert(tiny_llama, str(tmp_path / "packed"), algo=algo, layout=layout, quiet=True)
+    convert(tiny_llama, str(tmp_path / "plain"), algo=algo, quiet=True)
+    packed, plain = tensors(tmp_path / "packed"), tensors(tmp_path / "plain")
+    for m in ("model.layers.0.self_attn.k_proj", "model.layers.1.mlp.gate_proj"):
+        mine = {k[len(m) + 1 :]: v for k, v in packed.items() if k.startswith(m + ".")}
+        ref = SCHEMES[algo].dequantize({k[len(m) + 1 :]: v for k, v in plain.items() if k.startswith(m + ".")})
+        via_unpack = SCHEMES[algo].dequantize(layouts.unpack(layout, algo, mine, torch.bfloat16))
+        n, k = ref.shape
+        x = torch.randn(3, k, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(via_unpack, ref) and torch.equal(x @ via_unpack.T, x @ ref.T), m
+        kernel_view = layouts.dequantize(layout, algo, mine, torch.bfloat16)[:n, :k]
+        # Marlin keeps FP8/INT8 scales in the activation dtype (bf16): a lossy copy, hence the plain scales kept beside.
+        rtol = 2**-8 if layout == "marlin" and "NVFP4" not in algo else 1e-6
+        assert torch.allclose(kernel_view, ref, rtol=rtol, atol=0), m
+
+
+def test_unsupported_combinations_are_refused_with_the_reason(tiny_llama, tmp_path):
+    with pytest.raises(PlanError) as exc:
+        convert(tiny_llama, str(tmp_path / "o"), algo="FP8", layout="cutlass", quiet=True)
+    assert "no bytes move" in exc.value.details[0]
+    with pytest.raises(PlanError) as exc:
+        convert(tiny_llama, str(tmp_path / "o"), algo="W4A16_NVFP4", layout="flashinfer", quiet=True)
+    assert "weight-only" in exc.value.details[0]
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_unpack_refuses_a_plain_checkpoint(tiny_llama, tmp_path):
+    from quantize_cli.errors import SourceError
+
+    convert(tiny_llama, str(tmp_path / "plain"), algo="FP8", quiet=True)
+    with pytest.raises(SourceError, match="already a plain checkpoint"):
+        unpack(str(tmp_path / "plain"), str(tmp_path / "u"), quiet=True)
