@@ -43,7 +43,7 @@ def scale_from_amax(amax, qmax):
 def rint_i32(v):
     """``v`` (fp32, ``|v| < 2**22``) rounded to the nearest integer, ties to even, as int32
     (12582912 = 1.5 * 2**23, bit pattern 0x4B400000; see the module docstring)."""
-    return tl.floor(v + 0.5).to(tl.int32)
+    return (v + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
 
 
 @triton.jit

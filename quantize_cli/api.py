@@ -70,6 +70,13 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def _check_writable(path: str, flag: str) -> None:
+    """Fail in the first second, not after the conversion, when a report cannot be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist or is not writable; create it or choose another path")
+
+
 def _size(value, flag: str) -> int:
     try:
         n = parse_size(value)
@@ -194,7 +201,10 @@ def convert(
     if not dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
-        Destination(dst, overwrite=overwrite)  # an existing DST fails before any download
+        local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
+        Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
+    if report:
+        _check_writable(report, "--report")
     plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
@@ -313,8 +323,11 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     finally:
         bar.close()
         journal.close()
-    writer.close()
-    _write_metadata(plan, dest.partial, kv, options)
+    try:
+        writer.close()
+        _write_metadata(plan, dest.partial, kv, options)
+    except OSError as exc:
+        raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc
     journal_mod.remove_files(dest.partial)
     return stats
 

@@ -323,10 +323,18 @@ def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
             raise_non_finite(info)
 
 
-def raise_non_finite(info: TensorInfo):
-    w = read_rows(info, 0, info.shape[0]).float()
-    bad = (~torch.isfinite(w)).nonzero()
-    where = f" (first at {bad[0].tolist()}, {int(bad.shape[0])} element(s))" if bad.numel() else ""
+def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20):
+    """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too)."""
+    n = info.shape[0]
+    rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
+    where = ""
+    for start in range(0, n, rows):
+        bad = (~torch.isfinite(read_rows(info, start, min(rows, n - start)).float())).nonzero()
+        if bad.numel():
+            first = bad[0].tolist()
+            first[0] += start
+            where = f" (first at {first})"
+            break
     raise NumericsError(
         f"{info.name} in {info.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
         f"Fix the source weights or --exclude {info.module!r}"

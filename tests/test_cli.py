@@ -134,3 +134,9 @@ def test_help_imports_neither_triton_nor_torch():
     assert out == ["False", "False"]
     r = subprocess.run([sys.executable, "-m", "quantize_cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "convert" in r.stdout
+
+
+def test_unwritable_report_path_fails_first(tiny_llama, tmp_path):
+    r = invoke("convert", tiny_llama, "-o", tmp_path / "out", "--algo", "FP8", "--report", tmp_path / "no" / "r.json")
+    assert r.exit_code == 2 and "--report" in r.output
+    assert not os.path.exists(tmp_path / "out")

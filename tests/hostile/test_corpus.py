@@ -397,7 +397,8 @@ def test_every_untakeable_shape_is_reported_at_once(tmp_path):
 
 # -- source and destination overlap; existing DST -----------------------------------------------------
 def test_dst_equal_to_src(tmp_path, src):
-    assert_refused(tmp_path, src, "already exists", dst=src)
+    # the overlap is named first: suggesting --overwrite here would be misleading advice
+    assert_refused(tmp_path, src, "is the source checkpoint", dst=src)
     assert_refused(tmp_path, src, "is the source checkpoint", dst=src, extra=("--overwrite",))
 
 
@@ -406,7 +407,7 @@ def test_dst_inside_src(tmp_path, src):
 
 
 def test_dst_containing_src(tmp_path, src):
-    assert_refused(tmp_path, src, "already exists", dst=tmp_path)
+    assert_refused(tmp_path, src, "contains the source checkpoint", dst=tmp_path)
     assert_refused(tmp_path, src, "contains the source checkpoint", dst=tmp_path, extra=("--overwrite",))
 
 

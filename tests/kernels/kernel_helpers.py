@@ -56,13 +56,14 @@ def pad_rows(values: torch.Tensor, k: int, first: float) -> torch.Tensor:
 
 def assert_same(out: dict, ref: dict, what: str = "") -> None:
     """Same keys in the same order and, per tensor, the same dtype, shape (0-d stays 0-d) and bytes
-    (so -0.0 != +0.0). Reports the first differing element's bytes."""
+    (so -0.0 != +0.0). Compares on the kernel's device; reports the first differing element."""
     assert list(out) == list(ref), f"{what}: keys {list(out)} != {list(ref)}"
     for key, r in ref.items():
         o = out[key]
         assert o.dtype == r.dtype, f"{what}[{key}]: dtype {o.dtype} != {r.dtype}"
         assert tuple(o.shape) == tuple(r.shape), f"{what}[{key}]: shape {tuple(o.shape)} != {tuple(r.shape)}"
-        ob, rb = _bytes(o), _bytes(r)
+        ob = o.detach().contiguous().reshape(-1).view(torch.uint8)
+        rb = r.detach().to(o.device).contiguous().reshape(-1).view(torch.uint8)
         bad = (ob != rb).nonzero()
         if bad.numel():
             i = bad[0].item() // r.element_size()
