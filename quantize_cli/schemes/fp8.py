@@ -22,8 +22,13 @@ BLOCK = 128
 
 
 def fp8_cast(x: torch.Tensor) -> torch.Tensor:
-    """Clamp fp32 to the e4m3 range and cast (RNE)."""
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    """Clamp fp32 `x` (in place: callers pass a temporary) to the e4m3 range and cast (RNE)."""
+    return x.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _fp32(w: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of `w` that the caller may modify in place (never `w` itself)."""
+    return w.float() if w.dtype != torch.float32 else w.clone()
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class Fp8PerTensor(Scheme):
         amax = self.global_amax(w) if global_amax is None else global_amax.float()
         scale = scale_from_amax(amax, E4M3_MAX)
         return {
-            "weight": fp8_cast(w.float() / scale),
+            "weight": fp8_cast(_fp32(w).div_(scale)),
             "weight_scale": scale,
             "input_scale": self.input_scale_tensor,
         }
@@ -57,7 +62,7 @@ class Fp8PerChannel(Scheme):
 
     def quantize(self, w, global_amax=None):
         scale = scale_from_amax(block_amax(w, (1, w.shape[1])), E4M3_MAX)  # [N, 1]
-        return {"weight": fp8_cast(w.float() / scale), "weight_scale": scale.reshape(-1)}
+        return {"weight": fp8_cast(_fp32(w).div_(scale)), "weight_scale": scale.reshape(-1)}
 
     def dequantize(self, q):
         return q["weight"].float() * q["weight_scale"][:, None]
@@ -81,10 +86,10 @@ class Fp8Block(Scheme):
         scale = scale_from_amax(block_amax(w, (BLOCK, BLOCK)), E4M3_MAX)  # [nb, kb]
         n, k = w.shape
         if n % BLOCK == 0 and k % BLOCK == 0:  # broadcast over a 4-D view: no expanded scale copy
-            q = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]
+            q = _fp32(w).reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK).div_(scale[:, None, :, None])
             q = fp8_cast(q).reshape(n, k)
         else:
-            q = fp8_cast(w.float() / expand_blocks(scale, (BLOCK, BLOCK), (n, k)))
+            q = fp8_cast(_fp32(w).div_(expand_blocks(scale, (BLOCK, BLOCK), (n, k))))
         return {"weight": q, "weight_scale": scale[:, None, :, None].contiguous()}
 
     def dequantize(self, q):

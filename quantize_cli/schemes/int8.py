@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import Scheme
+from .fp8 import _fp32
 from .numerics import INT8_MAX, block_amax, scale_from_amax
 
 
@@ -23,7 +24,7 @@ class Int8PerChannel(Scheme):
 
     def quantize(self, w, global_amax=None):
         scale = scale_from_amax(block_amax(w, (1, w.shape[1])), INT8_MAX)  # [N, 1]
-        q = torch.round(w.float() / scale).clamp(-128, 127).to(torch.int8)
+        q = _fp32(w).div_(scale).round_().clamp_(-128, 127).to(torch.int8)
         return {"weight": q, "weight_scale": scale.reshape(-1)}
 
     def dequantize(self, q):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import Scheme, Spec
+from .fp8 import _fp32
 from .numerics import (
     E2M1_MAX,
     E4M3_MAX,
@@ -73,7 +74,7 @@ class Nvfp4(Scheme):
         bs8 = block_scales(w, wsf2)
         n, k = w.shape
         denom = bs8.float() * wsf2  # [N, K/16]
-        q = (w.float().reshape(n, k // NVFP4_GROUP, NVFP4_GROUP) / denom[:, :, None]).reshape(n, k)
+        q = _fp32(w).reshape(n, k // NVFP4_GROUP, NVFP4_GROUP).div_(denom[:, :, None]).reshape(n, k)
         out = {"weight": pack_nibbles(e2m1_codes(q)), "weight_scale": bs8, "weight_scale_2": wsf2}
         if self.static_input_scale is not None:
             out["input_scale"] = self.input_scale_tensor
