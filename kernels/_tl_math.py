@@ -5,9 +5,10 @@ bit. All math is fp32. Three facts shape this file:
 
 * Triton's fp32 ``/`` lowers to an approximate division on the GPU, while torch divides exactly;
   :func:`div_rn` (``tl.math.div_rn``, IEEE round-to-nearest) is used everywhere.
-* A divisor must be a *runtime* value (a kernel argument or a loaded number), never a literal:
-  with a compile-time constant divisor (``amax / 448.0``) Triton 3.6 on an H100 produced results one
-  ulp off the exact quotient (a reciprocal multiply). Kernels take ``qmax`` etc. as arguments.
+* Note that torch itself, on CUDA, divides a tensor by a *Python scalar* (``amax / 448``) as a
+  multiplication by the rounded reciprocal (ATen's ``div_true_kernel_cuda``), up to one ulp off;
+  on the CPU it divides exactly. The kernels divide exactly, i.e. they equal the references as
+  run on the CPU (the golden tests' numbers); see ``kernels/README.md``.
 * The GPU cast fp32 -> float8e4nv (``cvt.rn.satfinite``) rounds to nearest-even, like torch, but the
   Triton *interpreter* (``TRITON_INTERPRET=1``, used by the CPU tests) rounds halves up and
   truncates sub-normals. With ``SOFT=True`` the e4m3 rounding is done in integer/fp32 arithmetic
@@ -30,6 +31,31 @@ def div_rn(x, y):
     literal, never -0.0 here) is broadcast to ``x``'s shape by adding zeros, which leaves it unchanged."""
     x, y = tl.broadcast(x, y + tl.zeros_like(x))
     return tl.math.div_rn(x, y)
+
+
+@triton.jit
+def rcp_refined(d):
+    """Reciprocal of ``d`` (fp32, normal, ``2^-60 <= d <= 2^60``) for :func:`div_rcp`: the GPU's
+    approximate reciprocal refined by one Newton step (``rcp.approx`` + 2 FMAs). GPU only."""
+    y0 = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True, pack=1)
+    return tl.fma(y0, tl.fma(-d, y0, 1.0), y0)
+
+
+@triton.jit
+def div_rcp(x, d, y):
+    """``x / d`` rounded to nearest-even, for ``x [G, 16]`` and one divisor per row ``d [G]`` with
+    ``y = rcp_refined(d)``: ``q0 = x*y``, ``r = x - d*q0`` (exact, one FMA), ``q = q0 + y*r``.
+
+    This is the fast path of the GPU's own ``div.rn.f32`` (MUFU.RCP, two FMAs refining it, then a
+    quotient and one correction), with the reciprocal shared by a group instead of recomputed per
+    element. ``div.rn`` takes it whenever its range check passes; callers must stay inside a range
+    where it does: ``2^-60 <= d``, ``|x / d| <= 2^60``, and ``x`` normal whenever the result
+    matters (NVFP4 only needs exact quotients of magnitude >= 0.25; below that only the sign
+    counts, which this keeps). GPU only: the interpreter has no ``rcp.approx``.
+    """
+    q0 = x * y[:, None]
+    r = tl.fma(-d[:, None], q0, x)
+    return tl.fma(y[:, None], r, q0)
 
 
 @triton.jit
