@@ -27,8 +27,8 @@ import triton.language as tl
 
 @triton.jit
 def div_rn(x, y):
-    """``x / y`` rounded to nearest-even in fp32 (torch's ``/``); ``y`` (a runtime tensor, never a
-    literal, never -0.0 here) is broadcast to ``x``'s shape by adding zeros, which leaves it unchanged."""
+    """``x / y`` rounded to nearest-even in fp32 (torch's ``/`` on the CPU); ``y`` (never -0.0 here)
+    is broadcast to ``x``'s shape by adding zeros, which leaves it unchanged."""
     x, y = tl.broadcast(x, y + tl.zeros_like(x))
     return tl.math.div_rn(x, y)
 
@@ -61,7 +61,7 @@ def div_rcp(x, d, y):
 @triton.jit
 def scale_from_amax(amax, qmax):
     """``amax / qmax`` in fp32; an all-zero group gets 1.0 (``numerics.scale_from_amax``).
-    ``qmax`` must be a runtime argument (see the module docstring)."""
+    ``qmax`` is passed as a kernel argument, which keeps the divisor out of constant folding."""
     return tl.where(amax == 0.0, 1.0, div_rn(amax, qmax))
 
 

@@ -96,10 +96,15 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain") -> Plan:
-    """Resolve SRC, load the recipe and build the plan (no tensor data is read)."""
+            layout: str = "plain", headers_only: bool = False) -> Plan:
+    """Resolve SRC, load the recipe and build the plan (no tensor data is read).
+
+    `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
+    """
+    from .checkpoint.hub import open_hub_headers
+
     scheme = get_scheme(algo)
-    source = open_source(src, revision=revision, quiet=quiet)
+    source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
                       layout=layout)
@@ -183,6 +188,7 @@ def convert(
     revision: str | None = None,
     quiet: bool = False,
     verify: bool = False,
+    low_disk: bool = False,
     console: Console | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
@@ -198,6 +204,8 @@ def convert(
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
     dev = resolve_device(device)
+    if low_disk and (src.startswith("example:") or os.path.exists(src)):
+        raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     if not dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
@@ -205,7 +213,7 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
@@ -224,10 +232,10 @@ def convert(
         raise
     for w in plan.warnings:
         con.warn(w)
-    dest = Destination(dst, src_root=plan.source.root, overwrite=overwrite)  # type: ignore[arg-type]
+    dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options)
+        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         if verify:
             _verify_before_publishing(dest.partial, src, con)
@@ -295,7 +303,8 @@ def _quantize_fn(dev: torch.device, con: Console):
     return None
 
 
-def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict):
+def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict,
+             hub=None):
     from tqdm import tqdm
 
     from . import resume as journal_mod
@@ -316,6 +325,13 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         journal = journal_mod.start(dest.partial, fp)
         writer.open(fresh=True)
         done = set()
+    if hub:  # --low-disk: sidecars now, each source shard only while it is being read
+        from .checkpoint.hub import LazyShards, hub_sidecars
+
+        side = dest.path(".source-sidecars")
+        plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
+        reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
+        executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads)
     bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
     executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
     try:
@@ -329,6 +345,10 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     except OSError as exc:
         raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc
     journal_mod.remove_files(dest.partial)
+    for scratch in (".source-sidecars", ".source-shards"):
+        shutil.rmtree(dest.path(scratch), ignore_errors=True)
+    if hub:
+        con.info(f"--low-disk: at most {executor.resolver.peak_files} source shard(s) were on disk at once")
     return stats
 
 

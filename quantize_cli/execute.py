@@ -15,7 +15,7 @@ written are the same either way; only the timing differs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
@@ -88,7 +88,7 @@ class Executor:
     def __init__(self, plan: Plan, writer, device: torch.device, chunk_bytes: int = 256 << 20, hold_bytes: int = 1 << 30,
                  budget_bytes: int = 4 << 30, overlap: bool = True, quantize_fn=None, measure_error: bool = False,
                  progress: Callable[[int], None] | None = None, done: set[int] | None = None,
-                 on_task_written: Callable[[int, str], None] | None = None):
+                 on_task_written: Callable[[int, str], None] | None = None, resolver=None):
         self.plan = plan
         self.scheme = plan.scheme
         self.writer = writer
@@ -105,6 +105,7 @@ class Executor:
         self.stats = RunStats()
         self.pin = device.type == "cuda"
         self._dense_packing = plan.packing is not None and plan.packing.dense
+        self.resolver = resolver  # low-disk Hub mode: fetches a source shard on first read, drops it after its last
 
     # -- the read schedule ------------------------------------------------------------------
     def _rows_per_chunk(self, info: TensorInfo) -> int:
@@ -155,7 +156,7 @@ class Executor:
     def run(self):
         read_share = self.budget_bytes * 3 // 5  # reads ahead; the rest bounds writes behind
         self.read_budget, self.write_budget = ByteBudget(read_share), ByteBudget(self.budget_bytes - read_share)
-        self._prefetch = Prefetcher(self._schedule(), self.read_budget, self.pin, read_rows) if self.overlap else None
+        self._prefetch = Prefetcher(self._schedule(), self.read_budget, self._load) if self.overlap else None
         self._out = AsyncWriter(self.writer, self.write_budget, self.on_task_written, threaded=self.overlap)
         try:
             for index, task in enumerate(self.plan.tasks):
@@ -187,10 +188,19 @@ class Executor:
             data = self._prefetch.get(req)
         else:
             self.read_budget.acquire(req.nbytes)
-            data = load(req, self.pin, read_rows)
+            data = self._load(req)
         if not req.raw and self.device.type != "cpu":
             data = data.to(self.device, non_blocking=True)
         return data
+
+    def _load(self, req: Read) -> torch.Tensor:
+        """Perform one planned read (through the low-disk resolver when the source is remote)."""
+        if self.resolver is None:
+            return load(req, self.pin, read_rows)
+        try:
+            return load(replace(req, info=self.resolver.resolve(req.info)), self.pin, read_rows)
+        finally:
+            self.resolver.release(req.info)
 
     def _done_with(self, req: Read) -> None:
         self.read_budget.release(req.nbytes)

@@ -78,20 +78,20 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, requests: Iterable[Read], budget: ByteBudget, pin: bool, reader: Callable):
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor]):
         self.budget = budget
         self._q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(iter(requests), pin, reader), daemon=True, name="quantize-read")
+        self._thread = threading.Thread(target=self._run, args=(iter(requests), loader), daemon=True, name="quantize-read")
         self._thread.start()
 
-    def _run(self, requests, pin, reader) -> None:
+    def _run(self, requests, loader) -> None:
         try:
             for req in requests:
                 self.budget.acquire(req.nbytes, self._stop.is_set)
                 if self._stop.is_set():
                     return
-                self._q.put((req, load(req, pin, reader)))
+                self._q.put((req, loader(req)))
         except BaseException as exc:  # handed to the consumer, which raises it
             self._q.put((None, exc))
         finally:

@@ -47,6 +47,7 @@ def fingerprint(plan, options: dict) -> str:
         "outputs": [(o.name, o.dtype, list(o.shape), o.shard, o.offset) for o in plan.outputs.values()],
         "shards": plan.shard_names,
         "source": {os.path.basename(p): _shard_identity(p) for p in paths},
+        "source_label": plan.source.root or plan.source.label,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

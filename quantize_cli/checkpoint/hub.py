@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import struct
+import threading
 
 from ..errors import SourceError
 from .safetensors_io import DTYPES, TensorInfo, nbytes_of
@@ -39,3 +43,60 @@ def open_hub_headers(repo_id: str, revision: str | None = None) -> Source:
     source = Source(repo_id, "", config, tensors, sorted(meta.files_metadata), [], from_hub=True)
     refuse_quantized(source)
     return source
+
+
+class LazyShards:
+    """Low-disk mode: each source shard is downloaded at its first read and deleted after its last.
+
+    The executor's reads are planned up front, so the reads per shard are counted before the run;
+    disk needs are then about the output plus the one or two shards in use (a fused group whose
+    members sit in two shards holds both).
+    """
+
+    def __init__(self, repo_id: str, revision: str | None, folder: str, reads):
+        import collections
+
+        self.repo_id, self.revision, self.folder = repo_id, revision, folder
+        self.remaining = collections.Counter(r.info.path for r in reads)
+        self.local: dict[str, tuple[str, int]] = {}
+        self.peak_files = 0
+        self._lock = threading.Lock()
+
+    def resolve(self, info: TensorInfo) -> TensorInfo:
+        """`info` rebound to the downloaded shard (absolute offset); downloads it if needed."""
+        if not info.path.startswith("hub://"):
+            return info
+        with self._lock:
+            if info.path not in self.local:
+                self.local[info.path] = self._fetch(info.path.rsplit("/", 1)[1])
+                self.peak_files = max(self.peak_files, len(self.local))
+            path, data_start = self.local[info.path]
+        return dataclasses.replace(info, path=path, offset=data_start + info.offset)
+
+    def release(self, info: TensorInfo) -> None:
+        with self._lock:
+            self.remaining[info.path] -= 1
+            if self.remaining[info.path] <= 0 and info.path in self.local:
+                os.remove(self.local.pop(info.path)[0])
+
+    def _fetch(self, filename: str) -> tuple[str, int]:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(self.repo_id, filename, revision=self.revision, local_dir=self.folder)
+        except Exception as exc:
+            raise SourceError(f"{self.repo_id}:{filename}: download failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable") from exc
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+        return path, 8 + n
+
+
+def hub_sidecars(repo_id: str, revision: str | None, folder: str) -> list[str]:
+    """Download the small non-weight files (tokenizer, generation config, ...) into `folder`."""
+    from huggingface_hub import snapshot_download
+
+    from .source import HUB_PATTERNS, _NOT_SIDECARS
+
+    patterns = [p for p in HUB_PATTERNS if p != "*.safetensors"]
+    snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_dir=folder)
+    return sorted(f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f)) and not _NOT_SIDECARS.match(f))

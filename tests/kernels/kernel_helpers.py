@@ -82,3 +82,15 @@ E2M1_POINTS = (0.0, 0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 4.5, 5.5, 6.0)
 def signed(values: torch.Tensor) -> torch.Tensor:
     """`values` followed by their negatives (so -0.0 appears when 0.0 does)."""
     return torch.cat([values, -values])
+
+
+def reference(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict:
+    """``scheme.quantize`` run on the CPU: the specification the kernels must equal.
+
+    Not on the GPU: there torch divides a tensor by a Python scalar (``amax / 448`` in
+    ``numerics.scale_from_amax``, ``gamax / 2688`` in ``nvfp4.global_scale``) as a multiplication by
+    the rounded reciprocal, which can be one ulp off the exact quotient the CPU (and the kernels)
+    compute.
+    """
+    g = None if global_amax is None else global_amax.detach().cpu()
+    return scheme.quantize(w.detach().cpu(), g)
