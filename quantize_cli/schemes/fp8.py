@@ -41,7 +41,7 @@ class Fp8PerTensor(Scheme):
         return out
 
     def quantize(self, w, global_amax=None):
-        amax = self.global_amax(w) if global_amax is None else global_amax.float()
+        amax = self.global_amax(w) if global_amax is None else global_amax.float().to(w.device)
         scale = scale_from_amax(amax, E4M3_MAX)
         return {
             "weight": fp8_cast(_fp32(w).div_(scale)),

@@ -46,9 +46,20 @@ def block_amax(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return w.abs().reshape(nb, bn, kb, bk).amax(dim=(1, 3)).float()
 
 
+def div_exact(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor`` correctly rounded on every device.
+
+    On CUDA, torch divides a tensor by a Python number (or a CPU scalar) as a multiplication by
+    the rounded reciprocal, one ulp off at times; dividing by a tensor on the same device is a true
+    IEEE division, which is what the CPU, the Triton kernels (div_rn) and ModelOpt compute.
+    """
+    x = x.float()
+    return x / x.new_tensor(divisor)
+
+
 def scale_from_amax(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """``amax / qmax`` in fp32, with an all-zero group getting scale 1.0 (ModelOpt's convention)."""
-    scale = amax.float() / qmax
+    scale = div_exact(amax, qmax)
     return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 

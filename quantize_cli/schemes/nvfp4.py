@@ -26,6 +26,7 @@ from .numerics import (
     NVFP4_GROUP,
     NVFP4_SCALE_MIN,
     block_amax,
+    div_exact,
     e2m1_codes,
     e2m1_values,
     pack_nibbles,
@@ -37,7 +38,7 @@ def global_scale(gamax: torch.Tensor) -> torch.Tensor:
     """0-d fp32 ``weight_scale_2 = gamax / 2688`` (gamax 0 counts as 6, see the module doc)."""
     gamax = gamax.float()
     gamax = torch.where(gamax == 0, torch.full_like(gamax, E2M1_MAX), gamax)
-    return gamax / (E2M1_MAX * E4M3_MAX)
+    return div_exact(gamax, E2M1_MAX * E4M3_MAX)
 
 
 def block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
