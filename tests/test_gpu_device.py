@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def files(folder):
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "hf_quant_config.json"}
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
 
 
 @pytest.mark.parametrize("algo", list(SCHEMES))
