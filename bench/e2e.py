@@ -50,14 +50,16 @@ kind, src, dst, algo, device, workers = sys.argv[1:7]
 import torch
 if kind == "quantize":
     from quantize_cli.api import convert
-    convert(src, dst, algo=algo, device=device, quiet=True, overwrite=True, memory_budget=sys.argv[7])
+    res = convert(src, dst, algo=algo, device=device, quiet=True, overwrite=True, memory_budget=sys.argv[7])
+    stages = res.report["timings_s"]
 else:
+    stages = {}
     from llmcompressor import model_free_ptq
     model_free_ptq(src, dst, scheme=algo, ignore=["lm_head", "re:.*embed_tokens$"], max_workers=int(workers),
                    device="cuda:0" if device == "cuda" else "cpu")
 gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
 print("RESULT " + json.dumps({"inner_s": time.perf_counter() - t0, "rss_GB": peak_rss_gb(),
-                               "gpu_GB": gpu / 1e9}))
+                               "gpu_GB": gpu / 1e9, "timings": stages}))
 """
 
 

@@ -237,6 +237,7 @@ def convert(
     try:
         stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
+        timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
             _verify_before_publishing(dest.partial, src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
@@ -340,7 +341,9 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         bar.close()
         journal.close()
     try:
+        t = time.perf_counter()
         writer.close()
+        stats.stages["final_fsync"] = round(time.perf_counter() - t, 3)
         _write_metadata(plan, dest.partial, kv, options)
     except OSError as exc:
         raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc

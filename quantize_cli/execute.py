@@ -23,7 +23,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .errors import NumericsError
 from .experts import ViewedTensor
-from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, load
+from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, Timers, load
 from .plan import Member, Plan, Task
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per read+write of a copied tensor
@@ -52,6 +52,7 @@ class RunStats:
     bytes_read: int = 0
     peak_inflight: int = 0
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
+    stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
 
 
 def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
@@ -156,8 +157,9 @@ class Executor:
     def run(self):
         read_share = self.budget_bytes * 3 // 5  # reads ahead; the rest bounds writes behind
         self.read_budget, self.write_budget = ByteBudget(read_share), ByteBudget(self.budget_bytes - read_share)
-        self._prefetch = Prefetcher(self._schedule(), self.read_budget, self._load) if self.overlap else None
-        self._out = AsyncWriter(self.writer, self.write_budget, self.on_task_written, threaded=self.overlap)
+        self.timers = Timers()
+        self._prefetch = Prefetcher(self._schedule(), self.read_budget, self._load, self.timers) if self.overlap else None
+        self._out = AsyncWriter(self.writer, self.write_budget, self.on_task_written, threaded=self.overlap, timers=self.timers)
         try:
             for index, task in enumerate(self.plan.tasks):
                 if index in self.done:
@@ -170,11 +172,13 @@ class Executor:
                 else:
                     self._quantize(task)
                 self._out.task_done(index, self.task_outputs(task))
-            self._out.flush()
+            with self.timers.time("wait_write_flush"):
+                self._out.flush()
         finally:
             if self._prefetch is not None:
                 self._prefetch.close()
         self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak
+        self.stats.stages = {k: round(v, 3) for k, v in sorted(self.timers.seconds.items())}
         return self.stats
 
     @staticmethod
@@ -306,8 +310,9 @@ class Executor:
     def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
         if w is None:
             w = self._fetch(req)
-        out = self.quantize_fn(self.scheme, w, gamax)
-        check_finite(m.source, out)
+        with self.timers.time("compute"):
+            out = self.quantize_fn(self.scheme, w, gamax)
+            check_finite(m.source, out)
         for suffix, t in out.items():
             name = f"{m.module}.{suffix}"
             if t.dim() == 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -19,6 +20,30 @@ from typing import Callable, Iterable
 import torch
 
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into
+
+
+class Timers:
+    """Seconds spent per pipeline stage (thread-safe), for the report and the benchmarks."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def time(self, stage: str):
+        timers = self
+
+        class _Span:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timers.add(stage, time.perf_counter() - self.t)
+
+        return _Span()
 
 
 class ByteBudget:
@@ -78,7 +103,9 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor]):
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
+                 timers: Timers | None = None):
+        self.timers = timers or Timers()
         self.budget = budget
         self._q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -88,10 +115,13 @@ class Prefetcher:
     def _run(self, requests, loader) -> None:
         try:
             for req in requests:
-                self.budget.acquire(req.nbytes, self._stop.is_set)
+                with self.timers.time("reader_wait_budget"):
+                    self.budget.acquire(req.nbytes, self._stop.is_set)
                 if self._stop.is_set():
                     return
-                self._q.put((req, loader(req)))
+                with self.timers.time("read_io"):
+                    data = loader(req)
+                self._q.put((req, data))
         except BaseException as exc:  # handed to the consumer, which raises it
             self._q.put((None, exc))
         finally:
@@ -99,7 +129,8 @@ class Prefetcher:
 
     def get(self, expected: Read) -> torch.Tensor:
         """The data of the next request, which must be `expected` (the executor's own order)."""
-        req, data = self._q.get()
+        with self.timers.time("wait_read"):
+            req, data = self._q.get()
         if req is None:
             raise data
         if req is self._DONE or req != expected:
@@ -122,7 +153,9 @@ class AsyncWriter:
     task `i` is in the files and ``on_task_written(i, crc)`` is called (the resume journal).
     """
 
-    def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True):
+    def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True,
+                 timers: Timers | None = None):
+        self.timers = timers or Timers()
         self.writer = writer
         self.budget = budget
         self.on_task_written = on_task_written
@@ -139,8 +172,10 @@ class AsyncWriter:
         if kind == "write":
             _, name, tensor, offset, nbytes = item
             data = byte_view(tensor) if tensor.numel() else memoryview(b"")
-            self.writer.write_bytes(name, data, offset)
-            self._crc[name] = zlib.crc32(data, self._crc.get(name, 0))
+            with self.timers.time("write_io"):
+                self.writer.write_bytes(name, data, offset)
+            with self.timers.time("write_crc"):
+                self._crc[name] = zlib.crc32(data, self._crc.get(name, 0))
             self.budget.release(nbytes)
         elif kind == "task":
             _, index, names = item
@@ -171,9 +206,13 @@ class AsyncWriter:
         """Queue `tensor`'s bytes (CPU) for output `name` at `offset` bytes into the tensor."""
         self._raise()
         t = tensor.detach()
-        t = (t.cpu() if t.device.type != "cpu" else t).contiguous().reshape(-1).view(torch.uint8)
+        if t.device.type != "cpu":
+            with self.timers.time("d2h"):
+                t = t.cpu()
+        t = t.contiguous().reshape(-1).view(torch.uint8)
         item = ("write", name, t, offset, t.numel())
-        self.budget.acquire(t.numel())
+        with self.timers.time("wait_write_budget"):
+            self.budget.acquire(t.numel())
         if self._q is None:
             self._do(item)
         else:
