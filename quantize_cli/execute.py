@@ -106,6 +106,7 @@ class Executor:
         self.stats = RunStats()
         self.pin = device.type == "cuda"
         self._dense_packing = plan.packing is not None and plan.packing.dense
+        self._finite: list = []  # (source, 0-d bool tensor) of the current task, checked once per task
         self.resolver = resolver  # low-disk Hub mode: fetches a source shard on first read, drops it after its last
 
     # -- the read schedule ------------------------------------------------------------------
@@ -171,6 +172,7 @@ class Executor:
                     self._moe(task)
                 else:
                     self._quantize(task)
+                self._check_finite()
                 self._out.task_done(index, self.task_outputs(task))
             with self.timers.time("wait_write_flush"):
                 self._out.flush()
@@ -196,6 +198,16 @@ class Executor:
         if not req.raw and self.device.type != "cpu":
             data = data.to(self.device, non_blocking=True)
         return data
+
+    def _check_finite(self) -> None:
+        """One device sync per task: were all of its scales finite? (NaN/Inf propagate into them.)"""
+        if self._finite:
+            ok = torch.stack([flag for _, flag in self._finite]).all().item()
+            infos = [info for info, _ in self._finite]
+            self._finite = []
+            if not ok:
+                for info in infos:
+                    raise_non_finite(info, must_find=False)
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""
@@ -312,7 +324,7 @@ class Executor:
             w = self._fetch(req)
         with self.timers.time("compute"):
             out = self.quantize_fn(self.scheme, w, gamax)
-            check_finite(m.source, out)
+            self._finite.append((m.source, finite_flag(out)))
         for suffix, t in out.items():
             name = f"{m.module}.{suffix}"
             if t.dim() == 0:
@@ -331,15 +343,26 @@ class Executor:
         self.progress(n)
 
 
+def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
+    """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
+    the amax, hence into the scales of its group."""
+    flags = [torch.isfinite(t.float()).all() for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
+    if not flags:
+        return torch.ones((), dtype=torch.bool, device=next(iter(out.values())).device)
+    return torch.stack(flags).all()
+
+
 def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
-    """Refuse NaN/Inf: they propagate into the amax, hence into every scale of their group."""
-    for suffix, t in out.items():
-        if "scale" in suffix and t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
-            raise_non_finite(info)
+    """Refuse NaN/Inf at once (used where whole members are quantized)."""
+    if not bool(finite_flag(out)):
+        raise_non_finite(info)
 
 
-def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20):
-    """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too)."""
+def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: bool = True):
+    """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too).
+
+    With ``must_find=False`` a tensor without NaN/Inf returns quietly (a group member checked
+    because another member's scale was not finite)."""
     n = info.shape[0]
     rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
     where = ""
@@ -350,6 +373,8 @@ def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20):
             first[0] += start
             where = f" (first at {first})"
             break
+    if not where and not must_find:
+        return
     raise NumericsError(
         f"{info.name} in {info.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
         f"Fix the source weights or --exclude {info.module!r}"

@@ -170,7 +170,10 @@ class AsyncWriter:
     def _do(self, item) -> None:
         kind = item[0]
         if kind == "write":
-            _, name, tensor, offset, nbytes = item
+            _, name, tensor, offset, nbytes, copied = item
+            if copied is not None:  # the device-to-host copy into pinned memory must be complete
+                with self.timers.time("write_wait_d2h"):
+                    copied.synchronize()
             data = byte_view(tensor) if tensor.numel() else memoryview(b"")
             with self.timers.time("write_io"):
                 self.writer.write_bytes(name, data, offset)
@@ -203,14 +206,24 @@ class AsyncWriter:
             raise self._error
 
     def write(self, name: str, tensor: torch.Tensor, offset: int = 0) -> None:
-        """Queue `tensor`'s bytes (CPU) for output `name` at `offset` bytes into the tensor."""
+        """Queue `tensor`'s bytes for output `name` at `offset` bytes into the tensor.
+
+        A CUDA tensor is copied into pinned host memory asynchronously; the writer thread waits
+        for that copy (a CUDA event), so the compute never blocks on device-to-host transfers.
+        """
         self._raise()
-        t = tensor.detach()
-        if t.device.type != "cpu":
+        t = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        copied = None
+        if t.device.type == "cuda" and t.numel():
             with self.timers.time("d2h"):
-                t = t.cpu()
-        t = t.contiguous().reshape(-1).view(torch.uint8)
-        item = ("write", name, t, offset, t.numel())
+                host = torch.empty(t.numel(), dtype=torch.uint8, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+            t = host
+        elif t.device.type != "cpu":
+            t = t.cpu()
+        item = ("write", name, t, offset, t.numel(), copied)
         with self.timers.time("wait_write_budget"):
             self.budget.acquire(t.numel())
         if self._q is None:

@@ -9,6 +9,7 @@ the safetensors layout (compact JSON, ``__metadata__ = {"format": "pt"}`` first,
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 
@@ -21,6 +22,20 @@ SAFETENSORS_METADATA = {"format": "pt"}
 # Big writes start their writeback at once: otherwise the kernel keeps gigabytes dirty until the
 # final fsync, and the output write no longer overlaps the source read.
 WRITEBACK_MIN = 1 << 20
+# At most this much written data may wait for writeback: past it, the writer waits for the
+# oldest ranges to reach the disk. Reads and writes then share the disk all along, instead of the
+# reads running ahead and the whole output being flushed at the end.
+DIRTY_LIMIT = 512 << 20
+
+
+def _wait_writeback(fd: int, pos: int, length: int) -> None:
+    """Block until this range is on disk (Linux only; elsewhere the final fsync does it)."""
+    if hasattr(os, "sync_file_range"):
+        flags = os.SYNC_FILE_RANGE_WAIT_BEFORE | os.SYNC_FILE_RANGE_WRITE | os.SYNC_FILE_RANGE_WAIT_AFTER
+        try:
+            os.sync_file_range(fd, pos, length, flags)
+        except OSError:
+            pass
 
 
 def _start_writeback(fd: int, pos: int, length: int) -> None:
@@ -51,6 +66,8 @@ class ShardWriter:
         self.shard_names = shard_names
         self._fds: list[int] = []
         self._data_start: list[int] = []
+        self._dirty: collections.deque = collections.deque()
+        self._dirty_bytes = 0
         self.bytes_written = 0
 
     def paths(self) -> list[str]:
@@ -72,6 +89,15 @@ class ShardWriter:
                 raise DestinationError(f"{path}: cannot create output shard ({exc.strerror}); check space and permissions") from exc
             self._fds.append(fd)
             self._data_start.append(len(header))
+
+    def _writeback(self, fd: int, pos: int, length: int) -> None:
+        _start_writeback(fd, pos, length)
+        self._dirty.append((fd, pos, length))
+        self._dirty_bytes += length
+        while self._dirty_bytes > DIRTY_LIMIT:
+            old_fd, old_pos, old_len = self._dirty.popleft()
+            self._dirty_bytes -= old_len
+            _wait_writeback(old_fd, old_pos, old_len)
 
     def data_start(self, shard: int) -> int:
         """Byte offset of shard `shard`'s data section (after its header)."""
@@ -97,7 +123,7 @@ class ShardWriter:
             while done < len(data):
                 done += os.pwrite(fd, data[done:], pos + done)
             if len(data) >= WRITEBACK_MIN:
-                _start_writeback(fd, pos, len(data))
+                self._writeback(fd, pos, len(data))
         except OSError as exc:
             raise DestinationError(
                 f"{self.shard_names[o.shard]}: write failed while writing {name!r} ({exc.strerror}); free disk space and rerun with --resume"
