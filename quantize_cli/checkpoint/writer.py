@@ -10,6 +10,7 @@ the safetensors layout (compact JSON, ``__metadata__ = {"format": "pt"}`` first,
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 
@@ -28,23 +29,33 @@ WRITEBACK_MIN = 1 << 20
 DIRTY_LIMIT = 512 << 20
 
 
+_SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <linux/fs.h> sync_file_range flags
+
+
+def _load_sync_file_range():
+    """libc's sync_file_range(2) (Python's os module has no binding), or None off Linux/glibc."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+
+
 def _wait_writeback(fd: int, pos: int, length: int) -> None:
-    """Block until this range is on disk (Linux only; elsewhere the final fsync does it)."""
-    if hasattr(os, "sync_file_range"):
-        flags = os.SYNC_FILE_RANGE_WAIT_BEFORE | os.SYNC_FILE_RANGE_WRITE | os.SYNC_FILE_RANGE_WAIT_AFTER
-        try:
-            os.sync_file_range(fd, pos, length, flags)
-        except OSError:
-            pass
+    """Block until this range is on disk (best effort; the final fsync makes it durable anyway)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, pos, length, _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER)
 
 
 def _start_writeback(fd: int, pos: int, length: int) -> None:
-    """Ask the kernel to begin writing this range to disk now (asynchronous; Linux only)."""
-    if hasattr(os, "sync_file_range"):
-        try:
-            os.sync_file_range(fd, pos, length, os.SYNC_FILE_RANGE_WRITE)
-        except OSError:
-            pass  # a filesystem without it: the final fsync still makes the data durable
+    """Ask the kernel to begin writing this range to disk now (asynchronous; ctypes drops the GIL)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, pos, length, _SYNC_WRITE)
 
 
 def shard_header(tensors: list) -> bytes:
