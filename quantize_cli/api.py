@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoint.destination import Destination
-from .checkpoint.metadata import hf_quant_config, output_config
+from .checkpoint.metadata import hf_quant_config, output_config, write_config_files
 from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
 from .errors import DestinationError, PlanError, QuantizeError, UsageError
@@ -363,12 +363,7 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
     config = output_config(plan.source.config, nested)
     if extra:
         config["quantization_config"]["layout"] = extra["layout"]
-    with open(os.path.join(folder, "hf_quant_config.json"), "w") as f:
-        json.dump(nested, f, indent=4)
-        f.write("\n")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-        f.write("\n")
+    write_config_files(folder, nested, config)
     for name in plan.source.sidecars:
         try:
             shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))

@@ -45,13 +45,10 @@ def llama_config(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vo
 
 def llama_tensors(config: dict, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Random Llama weights for `config` (normal, std 0.02; norms 1.0), in module order."""
-    g = torch.Generator().manual_seed(seed)
+    rnd = _rnd(torch.Generator().manual_seed(seed), dtype)
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     hd = config.get("head_dim", h // config["num_attention_heads"])
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-
-    def rnd(*shape):
-        return (torch.randn(*shape, generator=g) * 0.02).to(dtype)
 
     out = {"model.embed_tokens.weight": rnd(v, h)}
     for n in range(config["num_hidden_layers"]):

@@ -16,6 +16,7 @@ import torch
 
 from . import layouts
 from .checkpoint.destination import Destination
+from .checkpoint.metadata import write_config_files
 from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_dtype
 from .checkpoint.writer import ShardWriter
 from .errors import SourceError
@@ -107,12 +108,7 @@ def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
     nested.get("converter", {}).pop("layout", None)
     config = json.loads(json.dumps(config))
     config.get("quantization_config", {}).pop("layout", None)
-    with open(os.path.join(folder, "hf_quant_config.json"), "w") as f:
-        json.dump(nested, f, indent=4)
-        f.write("\n")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-        f.write("\n")
+    write_config_files(folder, nested, config)
     for name in sorted(os.listdir(src)):
         path = os.path.join(src, name)
         if name in _SKIP or name.endswith(".safetensors") or name.startswith(".") or not os.path.isfile(path):

@@ -22,6 +22,15 @@ def golden_checkpoint(name: str) -> str:
     return os.path.join(GOLDEN, "checkpoints", name)
 
 
+def load_all(folder) -> dict[str, torch.Tensor]:
+    """Every tensor of every safetensors shard in `folder`."""
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, f)))
+    return out
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, same shape, same bytes (0-d stays 0-d; -0.0 and +0.0 differ)."""
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):

@@ -12,17 +12,9 @@ from quantize_cli.api import convert
 from quantize_cli.example import llama_config, llama_tensors
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
-from tests.conftest import assert_same_bytes, golden_checkpoint
+from tests.conftest import assert_same_bytes, load_all, golden_checkpoint
 
 ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8"]
-
-
-def load_all(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
 
 
 def run(src, dst, algo, **kw):

@@ -12,15 +12,7 @@ from quantize_cli.errors import PlanError
 from quantize_cli.example import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
-from tests.conftest import assert_same_bytes
-
-
-def load_all(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
+from tests.conftest import assert_same_bytes, load_all
 
 
 def run(src, dst, algo, **kw):

@@ -7,6 +7,9 @@ says honestly who wrote it under a top-level ``converter`` key, which loaders ig
 
 from __future__ import annotations
 
+import json
+import os
+
 from .. import __version__
 from ..schemes import Scheme
 
@@ -84,3 +87,11 @@ def output_config(source_config: dict, nested: dict) -> dict:
     cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
     cfg["quantization_config"] = flat_quantization_config(nested)
     return cfg
+
+
+def write_config_files(folder: str, nested: dict, config: dict) -> None:
+    """Write ``hf_quant_config.json`` (indent 4, as ModelOpt) and ``config.json`` into `folder`."""
+    for name, doc, indent in (("hf_quant_config.json", nested, 4), ("config.json", config, 2)):
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(doc, f, indent=indent)
+            f.write("\n")
