@@ -205,9 +205,6 @@ def _moe_stacks(mods: dict[str, Module], recipe: Recipe, packing: Packing | None
 
 def _layout_findings(mods: dict[str, Module], packing: Packing, stacks: dict) -> list[Finding]:
     out = []
-    if not packing.dense and not stacks:
-        why = layouts.supported(packing.layout, packing.algo)
-        return [Finding(ERROR, "layout", packing.layout.value, f"--layout {packing.layout.value} --algo {packing.algo}: {why}")]
     for mod in mods.values():
         if not packing.dense:
             break
@@ -304,6 +301,10 @@ def build_plan(
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
     packing = _packing(layout, scheme, source.config, findings)
     stacks = _moe_stacks(mods, recipe, packing, findings)
+    if packing is not None and not packing.dense and not stacks:  # nothing moves: say so, write plain
+        why = layouts.supported(packing.layout, packing.algo)
+        findings.append(Finding(WARNING, "layout-plain", layout, f"--layout {layout} --algo {scheme.algo}: {why}; writing the plain layout"))
+        packing = None
     if packing is not None:
         findings += _layout_findings(mods, packing, stacks)
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
