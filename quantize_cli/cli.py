@@ -172,6 +172,20 @@ def unpack(dst, output, overwrite, quiet, debug):
     _run(debug, go)
 
 
+@main.command(context_settings=CONTEXT)
+@click.argument("path")
+@common
+def inspect(path, quiet, debug):
+    """A short summary of checkpoint folder PATH (headers only): dtypes, sizes, quantization."""
+
+    def go():
+        from .inspect_checkpoint import inspect_checkpoint
+
+        click.echo(inspect_checkpoint(path))
+
+    _run(debug, go)
+
+
 @main.group(context_settings=CONTEXT, invoke_without_command=True)
 @click.pass_context
 def recipes(ctx):

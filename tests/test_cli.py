@@ -140,3 +140,12 @@ def test_unwritable_report_path_fails_first(tiny_llama, tmp_path):
     r = invoke("convert", tiny_llama, "-o", tmp_path / "out", "--algo", "FP8", "--report", tmp_path / "no" / "r.json")
     assert r.exit_code == 2 and "--report" in r.output
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_inspect_summarises_plain_and_quantized(tiny_llama, tmp_path):
+    r = invoke("inspect", tiny_llama)
+    assert r.exit_code == 0 and "BF16" in r.output and "not quantized" in r.output and "model_type 'llama'" in r.output
+    invoke("convert", tiny_llama, "-o", tmp_path / "q", "--algo", "NVFP4", "-q")
+    r = invoke("inspect", tmp_path / "q")
+    assert r.exit_code == 0 and "quant_algo 'NVFP4'" in r.output and "F8_E4M3" in r.output and "U8" in r.output
+    assert invoke("inspect", tmp_path / "missing").exit_code == 1

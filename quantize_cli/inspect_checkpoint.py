@@ -1,0 +1,55 @@
+"""``quantize inspect PATH``: a short summary of any safetensors checkpoint (headers only)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+from .checkpoint.safetensors_io import read_header
+from .errors import SourceError
+from .report import human_bytes
+
+
+def inspect_checkpoint(path: str) -> str:
+    """Model type, shards, tensors by dtype (count and bytes), and any quantization config."""
+    if not os.path.isdir(path):
+        raise SourceError(f"{path}: not a folder; inspect takes a checkpoint folder")
+    shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not shards:
+        raise SourceError(f"{path}: no *.safetensors files")
+    by_dtype: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    total = 0
+    for f in shards:
+        for t in read_header(os.path.join(path, f)).tensors.values():
+            by_dtype[t.dtype][0] += 1
+            by_dtype[t.dtype][1] += t.nbytes
+            total += t.nbytes
+    lines = [f"{path}: {len(shards)} shard(s), {sum(c for c, _ in by_dtype.values())} tensors, {human_bytes(total)}"]
+    config = _json(os.path.join(path, "config.json"))
+    if config:
+        lines.append(f"model_type {config.get('model_type')!r}, {config.get('num_hidden_layers')} layers, "
+                     f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
+    lines += [f"  {dtype:<8} {count:>6} tensors  {human_bytes(size)}" for dtype, (count, size) in sorted(by_dtype.items())]
+    quant = (config or {}).get("quantization_config")
+    nested = _json(os.path.join(path, "hf_quant_config.json"))
+    if quant or nested:
+        q = (nested or {}).get("quantization") or quant or {}
+        excl = q.get("exclude_modules", q.get("ignore", []))
+        lines.append(f"quantized: quant_algo {q.get('quant_algo')!r}, kv cache {q.get('kv_cache_quant_algo', (quant or {}).get('kv_cache_scheme'))!r}, "
+                     f"{len(excl)} exclusion(s), producer {((nested or quant or {}).get('producer') or {}).get('name')!r}")
+        layout = ((nested or {}).get("converter") or {}).get("layout")
+        if layout:
+            lines.append(f"packed layout {layout.get('name')!r} (quantize unpack turns it back into the plain format)")
+    else:
+        lines.append("not quantized")
+    return "\n".join(lines)
+
+
+def _json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
