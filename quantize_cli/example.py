@@ -48,17 +48,10 @@ def llama_tensors(config: dict, seed: int = 0, dtype: torch.dtype = torch.bfloat
     rnd = _rnd(torch.Generator().manual_seed(seed), dtype)
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     hd = config.get("head_dim", h // config["num_attention_heads"])
-    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-
     out = {"model.embed_tokens.weight": rnd(v, h)}
     for n in range(config["num_hidden_layers"]):
         p = f"model.layers.{n}"
-        out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
-        out[f"{p}.self_attn.q_proj.weight"] = rnd(q, h)
-        out[f"{p}.self_attn.k_proj.weight"] = rnd(kv, h)
-        out[f"{p}.self_attn.v_proj.weight"] = rnd(kv, h)
-        out[f"{p}.self_attn.o_proj.weight"] = rnd(h, q)
-        out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+        _attention(out, p, {**config, "head_dim": hd}, rnd, dtype)
         out[f"{p}.mlp.gate_proj.weight"] = rnd(i, h)
         out[f"{p}.mlp.up_proj.weight"] = rnd(i, h)
         out[f"{p}.mlp.down_proj.weight"] = rnd(h, i)
