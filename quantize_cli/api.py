@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -239,7 +240,8 @@ def convert(
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
-            _verify_before_publishing(dest.partial, src, con)
+            # --low-disk dropped every source shard: compare with the source only when it is on disk
+            _verify_before_publishing(dest.partial, None if low_disk else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
@@ -271,8 +273,8 @@ def _keep_for_resume(dest: Destination, con: Console) -> None:
         con.warn(f"partial work kept in {dest.partial}; rerun with --resume to continue, or delete it")
 
 
-def _verify_before_publishing(folder: str, src: str, con: Console) -> None:
-    """convert --verify: run `verify` (with the source) on the finished work folder, refuse on errors."""
+def _verify_before_publishing(folder: str, src: str | None, con: Console) -> None:
+    """convert --verify: run `verify` (with the source when given) on the finished work folder; refuse on errors."""
     from .errors import CheckFailed
     from .verify import verify_checkpoint
 
@@ -282,14 +284,9 @@ def _verify_before_publishing(folder: str, src: str, con: Console) -> None:
     if res.errors:
         raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written:",
                           details=[f.message for f in res.errors])
-    con.info(f"verify: OK ({len(res.quantized)} quantized modules, median SQNR "
-             f"{_median([e['sqnr_db'] for e in res.errors_by_tensor.values()]):.1f} dB)")
-
-
-def _median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values) if values else float("nan")
+    sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
+    detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
+    con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
 
 
 def _quantize_fn(dev: torch.device, con: Console):

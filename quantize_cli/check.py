@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .classify import LINEAR, ROUTER, Module
 from .matching import match_reason, vllm_rewrite
 from .plan import Plan, natural_key
-from .validate import ERROR, WARNING, Finding
+from .validate import ERROR, WARNING, Finding, FindingsResult
 
 
 @dataclass
@@ -85,19 +85,11 @@ def analyse_pattern(pattern: str, origin: str, mods: dict[str, Module], groups: 
 
 
 @dataclass
-class CheckResult:
+class CheckResult(FindingsResult):
     plan: Plan
     tp: int
     patterns: list[PatternReport]
     findings: list[Finding]
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == ERROR]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == WARNING]
 
     def to_json(self) -> dict:
         p = self.plan

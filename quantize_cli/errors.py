@@ -71,11 +71,6 @@ class UsageError(QuantizeError):
     exit_code = 2
 
 
-class Interrupted(QuantizeError):
-    """The run was stopped by a signal; the partial output is kept for --resume."""
-
-    exit_code = 130
-
 
 def format_error(err: QuantizeError, limit: int = 20) -> str:
     """Render an error as the CLI prints it: the message, then up to `limit` detail lines."""

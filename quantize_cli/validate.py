@@ -31,6 +31,20 @@ class Finding:
         return asdict(self)
 
 
+class FindingsResult:
+    """Mixin for results holding ``self.findings``: the errors and the warnings among them."""
+
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == WARNING]
+
+
 def fused_group_findings(groups: dict[str, list[Module]]) -> list[Finding]:
     out = []
     for prefix, members in groups.items():

@@ -25,7 +25,7 @@ from .errors import QuantizeError
 from .exclusions import verify_exclusions
 from .recipe import load_recipe
 from .schemes import SCHEMES, Scheme
-from .validate import ERROR, WARNING, Finding
+from .validate import ERROR, WARNING, Finding, FindingsResult
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
 SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0}
@@ -35,20 +35,12 @@ READ_CHUNK = 64 << 20
 
 
 @dataclass
-class VerifyResult:
+class VerifyResult(FindingsResult):
     path: str
     algo: str | None
     findings: list[Finding] = field(default_factory=list)
     quantized: list[str] = field(default_factory=list)
     errors_by_tensor: dict[str, dict] = field(default_factory=dict)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == ERROR]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == WARNING]
 
     def add(self, level: str, code: str, subject: str, message: str) -> None:
         self.findings.append(Finding(level, code, subject, message))

@@ -191,3 +191,9 @@ def test_report_has_error_summary_and_calibration_note(tiny_llama, tmp_path):
     assert len(q) == 14 and all(t["sqnr_db"] > 10 and 0 < t["rel_error"] < 0.3 for t in q)
     assert r["error_summary"]["tensors"] == 14 and r["timings_s"]["total_s"] > 0
     assert any("input_scale" in w for w in r["warnings"])
+
+
+def test_report_records_peak_bytes_in_flight_within_the_budget(tiny_llama, tmp_path):
+    run(tiny_llama, tmp_path / "out", "FP8", report=str(tmp_path / "r.json"), memory_budget="1MB")
+    peak = json.load(open(tmp_path / "r.json"))["bytes"]["peak_in_flight"]
+    assert 0 < peak <= 1_000_000 + 512 * 256 * 2  # one request larger than the budget is still granted alone

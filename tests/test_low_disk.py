@@ -72,3 +72,9 @@ def test_low_disk_gives_the_same_bytes_with_at_most_two_shards_on_disk(fake_hub,
 def test_low_disk_needs_a_hub_source(tiny_llama, tmp_path):
     with pytest.raises(UsageError, match="only for Hub repo ids"):
         convert(tiny_llama, str(tmp_path / "o"), algo="FP8", low_disk=True, quiet=True)
+
+
+def test_low_disk_verify_checks_the_output_without_downloading_the_source_again(fake_hub, tmp_path):
+    local, state = fake_hub
+    convert("someone/tiny-llama", str(tmp_path / "out"), algo="NVFP4", quiet=True, low_disk=True, verify=True)
+    assert state["weights_downloaded"] == 4  # each shard once, for the conversion only

@@ -79,7 +79,6 @@ class ShardWriter:
         self._data_start: list[int] = []
         self._dirty: collections.deque = collections.deque()
         self._dirty_bytes = 0
-        self.bytes_written = 0
 
     def paths(self) -> list[str]:
         return [os.path.join(self.folder, n) for n in self.shard_names]
@@ -139,7 +138,6 @@ class ShardWriter:
             raise DestinationError(
                 f"{self.shard_names[o.shard]}: write failed while writing {name!r} ({exc.strerror}); free disk space and rerun with --resume"
             ) from exc
-        self.bytes_written += len(data)
 
     def close(self, sync: bool = True) -> None:
         """fsync and close every shard; write the index when there is more than one shard."""
