@@ -71,6 +71,25 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def _warm_device(dev: torch.device) -> None:
+    """Create the CUDA context and import the Triton kernels on a daemon thread, so that they
+    overlap with planning and the first reads instead of delaying the first quantized tensor.
+    (torch's lazy CUDA initialisation is locked, so the executor simply waits if it is early.)"""
+    if dev.type != "cuda":
+        return
+
+    def warm():
+        try:
+            torch.empty(1, device=dev)
+            from . import kernels  # noqa: F401  (imports Triton)
+        except Exception:  # noqa: BLE001 - the executor reports real device errors itself
+            pass
+
+    import threading
+
+    threading.Thread(target=warm, daemon=True, name="quantize-cuda-init").start()
+
+
 def _check_writable(path: str, flag: str) -> None:
     """Fail in the first second, not after the conversion, when a report cannot be written."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -205,6 +224,7 @@ def convert(
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
     dev = resolve_device(device)
+    _warm_device(dev)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     if not dry_run:

@@ -99,6 +99,10 @@ def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
+        if not dry_run and not low_disk:  # the disk starts while torch and CUDA load (warmup.py)
+            from .warmup import prefetch_source
+
+            prefetch_source(src)
         from .api import convert as run
 
         return run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
+from . import checksum
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into
 
 
@@ -147,10 +147,11 @@ class Prefetcher:
 
 
 class AsyncWriter:
-    """Writes ``(name, tensor, byte offset)`` items on a background thread; tracks per-task CRCs.
+    """Writes ``(name, tensor, byte offset)`` items on a background thread; digests every task.
 
     ``task_done(i)`` is ordered after the task's writes: when the thread reaches it, every byte of
-    task `i` is in the files and ``on_task_written(i, crc)`` is called (the resume journal).
+    task `i` is in the files and ``on_task_written(i, digest)`` is called (the resume journal;
+    :mod:`~quantize_cli.checksum`).
     """
 
     def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True,
@@ -159,7 +160,7 @@ class AsyncWriter:
         self.writer = writer
         self.budget = budget
         self.on_task_written = on_task_written
-        self._crc: dict[str, int] = {}
+        self._hash: dict = {}  # output name -> streaming hasher (bytes arrive in offset order)
         self._error: BaseException | None = None
         self._q: queue.Queue | None = queue.Queue() if threaded else None
         self._thread = None
@@ -177,13 +178,16 @@ class AsyncWriter:
             data = byte_view(tensor) if tensor.numel() else memoryview(b"")
             with self.timers.time("write_io"):
                 self.writer.write_bytes(name, data, offset)
-            with self.timers.time("write_crc"):
-                self._crc[name] = zlib.crc32(data, self._crc.get(name, 0))
+            with self.timers.time("write_digest"):
+                h = self._hash.get(name)
+                if h is None:
+                    h = self._hash[name] = checksum.new()
+                h.update(data)
             self.budget.release(nbytes)
         elif kind == "task":
             _, index, names = item
-            digest = zlib.crc32(";".join(f"{n}:{self._crc.pop(n, 0):08x}" for n in sorted(names)).encode())
-            self.on_task_written(index, f"{digest:08x}")
+            parts = {n: (self._hash.pop(n).hexdigest() if n in self._hash else checksum.EMPTY) for n in names}
+            self.on_task_written(index, checksum.task_digest(parts))
 
     def _run(self) -> None:
         while True:

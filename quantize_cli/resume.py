@@ -6,9 +6,9 @@ The work folder keeps two small files beside the shards:
   version, algorithm, KV and layout options, the planned output layout, and the identity of every
   source shard: size, mtime and a hash of its header). Resuming with other options or a changed
   source is refused.
-- ``.quantize-journal``: one line ``<task index> <crc32>`` appended after each task's bytes are
+- ``.quantize-journal``: one line ``<task index> <digest>`` (xxh3-64, :mod:`.checksum`) appended after each task's bytes are
   written. On ``--resume`` every journaled task is *verified* by re-reading its output bytes and
-  comparing the CRC; only verified tasks are skipped, everything else is redone. Shards are written
+  comparing the digest; only verified tasks are skipped, everything else is redone. Shards are written
   at fixed offsets, so redoing a task rewrites exactly its bytes: the result equals an
   uninterrupted run byte for byte.
 """
@@ -20,9 +20,8 @@ import json
 import os
 import struct
 import threading
-import zlib
 
-from . import __version__
+from . import __version__, checksum
 from .checkpoint.safetensors_io import TensorInfo
 from .errors import DestinationError
 
@@ -88,22 +87,15 @@ def resume(folder: str, fp: str, plan, task_outputs, writer) -> tuple[set[int], 
 
 
 def _crc_on_disk(writer, names: list[str]) -> str:
-    """The task CRC (as AsyncWriter computes it) of the bytes now in the output files."""
-    parts = []
-    for name in sorted(names):
+    """The task digest (as AsyncWriter computes it) of the bytes now in the output files."""
+    parts = {}
+    for name in names:
         o = writer.outputs[name]
-        path = writer.paths()[o.shard]
-        crc, pos, left = 0, writer.data_start(o.shard) + o.offset, o.nbytes
-        with open(path, "rb") as f:
-            f.seek(pos)
-            while left:
-                block = f.read(min(left, 64 << 20))
-                if not block:
-                    return "missing"
-                crc = zlib.crc32(block, crc)
-                left -= len(block)
-        parts.append(f"{name}:{crc:08x}")
-    return f"{zlib.crc32(';'.join(parts).encode()):08x}"
+        digest = checksum.file_range(writer.paths()[o.shard], writer.data_start(o.shard) + o.offset, o.nbytes)
+        if digest is None:
+            return "missing"
+        parts[name] = digest
+    return checksum.task_digest(parts)
 
 
 class Journal:
