@@ -66,6 +66,16 @@ os._exit(0)  # like the quantize CLI after a run: skip the CUDA / pinned-memory 
 """
 
 
+# Runs the real command line (`python -m quantize_cli convert ...`, what a user times) and reports its
+# peak RSS. This wrapper imports nothing heavy, so the RSS it passes on at fork is a few MB.
+_WRAP = r"""
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print("RSS_KB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+sys.exit(rc)
+"""
+
+
 def sh(cmd: str) -> None:
     subprocess.run(cmd, shell=True, check=True)
 
@@ -74,18 +84,24 @@ def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith(".safetensors"))
 
 
-def make_checkpoint(src: str, layers: int, vocab: int, device: str) -> None:
-    """The peer benchmark's Llama-8B-shaped checkpoint (H 4096, I 14336, KV 1024), 4 shards."""
+def make_checkpoint(src: str, layers: int, vocab: int, device: str, moe: bool = False) -> None:
+    """The peer benchmark's Llama-8B-shaped checkpoint (H 4096, I 14336, KV 1024), 4 shards; with
+    `moe`, a Qwen3-30B-A3B-shaped one instead (H 2048, 128 experts of I 768 as transformers-5 fused
+    3-D tensors gate_up_proj [E, 2I, H] and down_proj [E, H, I]; ~1.2 GB of experts per layer)."""
     import torch
     from safetensors.torch import save_file
 
     if os.path.exists(os.path.join(src, "config.json")):
         return
     os.makedirs(src, exist_ok=True)
-    h, i, kv = 4096, 14336, 1024
+    h, i, kv = (2048, 768, 512) if moe else (4096, 14336, 1024)
     shapes = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
-              "self_attn.o_proj.weight": (h, h), "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
-              "mlp.down_proj.weight": (h, i), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+              "self_attn.o_proj.weight": (h, h), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+    if moe:
+        shapes.update({"mlp.gate.weight": (128, h), "mlp.experts.gate_up_proj": (128, 2 * i, h),
+                       "mlp.experts.down_proj": (128, h, i)})
+    else:
+        shapes.update({"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)})
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
 
@@ -101,7 +117,7 @@ def make_checkpoint(src: str, layers: int, vocab: int, device: str) -> None:
             ts["model.embed_tokens.weight"] = rnd(vocab, h)
         for layer in range(per * s, min(layers, per * s + per)):
             for k, shp in shapes.items():
-                ts[f"model.layers.{layer}.{k}"] = rnd(*shp) if len(shp) == 2 else torch.ones(shp, dtype=torch.bfloat16)
+                ts[f"model.layers.{layer}.{k}"] = rnd(*shp) if len(shp) >= 2 else torch.ones(shp, dtype=torch.bfloat16)
         if s == shards - 1:
             ts["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
             ts["lm_head.weight"] = rnd(vocab, h)
@@ -110,10 +126,14 @@ def make_checkpoint(src: str, layers: int, vocab: int, device: str) -> None:
         wmap.update({k: name for k in ts})
     with open(os.path.join(src, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": du(src)}, "weight_map": wmap}, f)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": i,
+           "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+           "vocab_size": vocab, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    if moe:
+        cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_attention_heads=16, num_key_value_heads=4,
+                   moe_intermediate_size=i, num_experts=128, num_experts_per_tok=8, intermediate_size=6144)
     with open(os.path.join(src, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": i,
-                   "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                   "vocab_size": vocab, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False}, f)
+        json.dump(cfg, f)
 
 
 class Bench:
@@ -186,12 +206,23 @@ class Bench:
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         info = {}
 
+        report = os.path.join(self.a.work, f"report-{algo}.json")
+
         def run():
-            p = subprocess.run([py, "-c", _CHILD, kind, self.src, dst, arg, self.a.device, str(workers), self.a.budget],
-                               capture_output=True, text=True, env=env)
+            if kind == "quantize":  # the command a user runs, start-up included
+                cmd = [py, "-c", _WRAP, py, "-m", "quantize_cli", "convert", self.src, "-o", dst, "--algo", arg, "--device",
+                       self.a.device, "--memory-budget", self.a.budget, "--overwrite", "--quiet", "--report", report]
+            else:
+                cmd = [py, "-c", _CHILD, kind, self.src, dst, arg, self.a.device, str(workers), self.a.budget]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode:
                 raise RuntimeError(f"{kind} {algo} failed:\n{p.stderr[-3000:]}")
-            info.update(json.loads(p.stdout.split("RESULT ")[-1]))
+            if kind == "quantize":
+                rep = json.load(open(report))
+                info.update(inner_s=rep["timings_s"]["total_s"], rss_GB=int(p.stdout.split("RSS_KB")[-1]) * 1024 / 1e9,
+                            timings=rep["timings_s"])
+            else:
+                info.update(json.loads(p.stdout.split("RESULT ")[-1]))
 
         try:
             secs = self.timed(phase, run)
@@ -214,7 +245,7 @@ class Bench:
         import torch
 
         t = time.perf_counter()
-        make_checkpoint(self.src, self.a.layers, self.a.vocab, self.a.device if self.a.device != "cpu" else "cpu")
+        make_checkpoint(self.src, self.a.layers, self.a.vocab, self.a.device if self.a.device != "cpu" else "cpu", self.a.moe)
         self.res.update(input_GB=du(self.src) / 1e9, generate_s=time.perf_counter() - t, device=self.a.device,
                         torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
         try:
@@ -243,16 +274,19 @@ def table(res: dict) -> str:
     for r in res["runs"]:
         lines.append(f"| {r['phase']} | {r['what']} | {r['algo']} | {r['s']:.2f} | {r['input_GBps']:.2f} | "
                      f"{r.get('rss_GB', 0):.2f} | {r.get('gpu_GB', 0):.2f} |")
-    lines += ["", "| phase | algo | ours s | floor s | ours / floor (speed) | best llm-compressor s | speed-up |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| phase | algo | ours s (whole process) | in-process s | floor s | whole / floor (speed) | in-process / floor | "
+              "peak RSS GB | best llm-compressor s | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
     for phase in dict.fromkeys(r["phase"] for r in res["runs"]):
         for algo in dict.fromkeys(r["algo"] for r in res["runs"] if r["what"] == "quantize convert"):
             pick = [r for r in res["runs"] if r["phase"] == phase and r["algo"] == algo]
-            ours = next((r["s"] for r in pick if r["what"] == "quantize convert"), None)
+            mine = next((r for r in pick if r["what"] == "quantize convert"), {})
+            ours, inner = mine.get("s"), mine.get("inner_s") or 0
             floor = next((r["s"] for r in pick if r["what"].startswith("I/O floor")), None)
             peer = min((r["s"] for r in pick if r["what"].startswith("llm-compressor")), default=None)
             if ours:
-                lines.append(f"| {phase} | {algo} | {ours:.2f} | {floor or 0:.2f} | {(floor or 0) / ours:.0%} | "
-                             f"{peer or 0:.2f} | {(peer / ours) if peer else 0:.2f}x |")
+                lines.append(f"| {phase} | {algo} | {ours:.2f} | {inner:.2f} | {floor or 0:.2f} | {(floor or 0) / ours:.0%} | "
+                             f"{(floor or 0) / inner if inner else 0:.0%} | {mine.get('rss_GB', 0):.2f} | {peer or 0:.2f} | "
+                             f"{(peer / ours) if peer else 0:.2f}x |")
     return "\n".join(lines)
 
 
@@ -262,6 +296,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--moe", action="store_true", help="a Qwen3-MoE-shaped input (fused 3-D experts) instead of Llama")
     p.add_argument("--phases", default="cold,warm")
     p.add_argument("--algos", default="FP8_PB_WO,NVFP4,INT8")
     p.add_argument("--budget", default="4GB", help="quantize --memory-budget")
