@@ -51,6 +51,7 @@ class ErrorStats:
 class RunStats:
     bytes_read: int = 0
     peak_inflight: int = 0
+    peak_pinned: int | None = None  # CUDA only: peak pinned host bytes the caching allocator held
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
 
@@ -180,6 +181,8 @@ class Executor:
             if self._prefetch is not None:
                 self._prefetch.close()
         self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak
+        if self.pin:  # what the pinned buffers really cost (size classes, caching) beside what the budget counts
+            self.stats.peak_pinned = torch.cuda.host_memory_stats().get("reserved_bytes.all.peak")
         self.stats.stages = {k: round(v, 3) for k, v in sorted(self.timers.seconds.items())}
         return self.stats
 
