@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 
 CHUNK = 64 << 20  # bytes per fadvise call: the thread yields between calls
@@ -47,12 +48,15 @@ def _available_bytes() -> int:
 def _advise(paths: list[str], cap: int) -> None:
     left = cap
     for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        try:  # regular files only (a FIFO would block the open), never blocking, any odd name ignored
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, ValueError):
             continue
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            size = st.st_size
             pos = 0
             while pos < size and left > 0:
                 n = min(CHUNK, size - pos, left)

@@ -17,6 +17,7 @@ def test_prefetch_follows_the_converters_read_order(tiny_llama):
     assert [os.path.abspath(p) for p in warmup.source_files(tiny_llama)] == [os.path.abspath(p) for p in read_order]
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the thread must never raise
 def test_prefetch_runs_and_ignores_what_it_cannot_read(tiny_llama, tmp_path):
     thread = warmup.prefetch_source(tiny_llama, cap=1 << 20)  # smaller than the checkpoint: stops at the cap
     assert thread is not None
@@ -28,6 +29,14 @@ def test_prefetch_runs_and_ignores_what_it_cannot_read(tiny_llama, tmp_path):
     assert warmup.source_files(str(broken)) == []  # names outside the folder or not strings are never opened
     assert warmup.prefetch_source(str(broken)) is None
     assert warmup.prefetch_source("owner/repo") is None  # a Hub id: nothing local to warm
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    os.mkfifo(odd / "a.safetensors")  # opening a FIFO for reading would block
+    (odd / "b.safetensors").mkdir()
+    (odd / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors", "y": "b.safetensors", "z": "c\u0000.safetensors"}}))
+    thread = warmup.prefetch_source(str(odd))
+    thread.join(10)
+    assert not thread.is_alive()  # finished without blocking or raising
     assert warmup.prefetch_source("example:tiny-llama") is None
 
 
