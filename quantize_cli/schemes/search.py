@@ -36,6 +36,7 @@ the searched group's fp64 error is never above RTN's by more than ``L * 2^-SHIFT
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -254,6 +255,31 @@ def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Ten
         bs8 = block_scales(w, wsf2)
         return base.dequantize({"weight": nvfp4_payload(w, bs8, wsf2), "weight_scale": bs8, "weight_scale_2": wsf2})
     return base.dequantize(base.quantize(w))
+
+
+def searched_baseline(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The RTN reconstruction for a :class:`Searched` scheme's report, None for any other scheme."""
+    return rtn_dequantize(scheme, w, written) if isinstance(scheme, Searched) else None
+
+
+def compare_with_rtn(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor], deq: torch.Tensor) -> dict:
+    """:func:`error_reduction` of the written tensors (dequantized `deq`) against RTN of source `w`."""
+    rtn = rtn_dequantize(scheme, w, written)
+    if rtn is None:
+        return {}
+    ref = w.double()
+    return error_reduction(float(ref.square().sum()), float((ref - deq.double()).square().sum()),
+                           float((ref - rtn.double()).square().sum()))
+
+
+def error_reduction(signal: float, noise: float, noise_rtn: float) -> dict:
+    """Report fields comparing a searched tensor's squared error `noise` with RTN's `noise_rtn`."""
+
+    def db(n):
+        return math.inf if n == 0 else (10 * math.log10(signal / n) if signal else -math.inf)
+
+    return {"rtn_sqnr_db": db(noise_rtn), "sqnr_gain_db": (db(noise) - db(noise_rtn)) if noise and noise_rtn else 0.0,
+            "mse_reduction": (1 - noise / noise_rtn) if noise_rtn else 0.0}
 
 
 __all__ = ["METHODS", "Searched", "with_scale_search", "search", "group_error", "rtn_dequantize"]
