@@ -75,30 +75,31 @@ def error_units(s0: torch.Tensor, shift: int) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(s0, dtype=torch.float64), (shift - 2 * e0).double())
 
 
-def group_error(x: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
-    """int64 [G]: the module doc's ``err`` of ``x`` [G, L] (fp32) dequantized as ``v`` [G, L] (fp32
-    code values) times ``s`` [G] (fp64 scale)."""
-    d = x.double() - v.double() * s[:, None]
-    return ((d * d) * units[:, None]).to(torch.int64).sum(dim=1)
+def group_error(x64: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    """int64 [G]: the module doc's ``err`` of ``x64`` [G, L] (the fp32 groups as fp64) dequantized
+    as ``v`` [G, L] (fp32 code values) times ``s`` [G] (fp64 scale)."""
+    d = v.double().mul_(s[:, None]).neg_().add_(x64)  # x - v * s: the product is exact in fp64
+    return d.mul_(d).mul_(units[:, None]).to(torch.int64).sum(dim=1)
 
 
 def search(x: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor | None,
-           evaluate: Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor]) -> torch.Tensor:
+           evaluate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor]) -> torch.Tensor:
     """Index [G] of the best candidate per group.
 
     Args:
         x: ``[G, L]`` fp32 groups.
         candidates: ``[C, G]`` per-group candidate parameters, scanned in order (0 = RTN).
         valid: ``[C, G]`` bool, or None when every candidate is valid (candidate 0 must be).
-        evaluate: ``(x[sl] [g, L], params [g], sl) -> int64 [g]`` errors (:func:`group_error`).
+        evaluate: ``(x[sl] [g, L], x[sl] as fp64, params [g], sl) -> int64 [g]`` errors (:func:`group_error`).
     """
     best = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
     rows = max(1, SLICE_ELEMENTS // max(1, x.shape[1]))
     for g0 in range(0, x.shape[0], rows):
         sl = slice(g0, g0 + rows)
-        best_err = evaluate(x[sl], candidates[0, sl], sl)
+        x64 = x[sl].double()
+        best_err = evaluate(x[sl], x64, candidates[0, sl], sl)
         for c in range(1, candidates.shape[0]):
-            err = evaluate(x[sl], candidates[c, sl], sl)
+            err = evaluate(x[sl], x64, candidates[c, sl], sl)
             better = err < best_err
             if valid is not None:
                 better &= valid[c, sl]
@@ -122,8 +123,8 @@ def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values)
     cands = scale_from_amax(amax[None, :] * mults[:, None], qmax)  # [16, G], row 0 == RTN
     units = error_units(cands[0], ROW_SHIFT)
 
-    def evaluate(xs, s, sl):
-        return group_error(xs, values(xs, s), s.double(), units[sl])
+    def evaluate(xs, x64, s, sl):
+        return group_error(x64, values(xs, s), s.double(), units[sl])
 
     best = search(x, cands, None, evaluate)
     return cands.gather(0, best[None, :])[0]
@@ -175,10 +176,10 @@ def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
     w64 = wsf2.double()
     units = error_units(rtn.float() * wsf2, NVFP4_SHIFT)
 
-    def evaluate(xs, code, sl):
+    def evaluate(xs, x64, code, sl):
         bs = _e4m3(code).float()
         v = e2m1_values(e2m1_codes(xs / (bs * wsf2)[:, None]))
-        return group_error(xs, v, bs.double() * w64, units[sl])
+        return group_error(x64, v, bs.double() * w64, units[sl])
 
     best = search(x, codes, valid, evaluate)
     return _e4m3(codes.gather(0, best[None, :])[0]).reshape(n, k // NVFP4_GROUP)
