@@ -72,9 +72,12 @@ def test_stack_equals_items(make_weight):
 
 
 # -- GPU twins: the same contract on larger shapes (run with -m gpu on the GPU machine) -----------
+GPU_CASES = [(s, torch.bfloat16) for s in [(1, 16), (100, 96), (200, 176), (130, 272), (256, 4096), (384, 14336)]] + [
+    ((130, 272), torch.float16), ((256, 384), torch.float32)]
+
+
 @pytest.mark.parametrize("algo", list(SEARCHED))
-@pytest.mark.parametrize("shape", [(1, 16), (100, 96), (200, 176), (130, 272), (256, 4096), (384, 14336)], ids=str)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,dtype", GPU_CASES, ids=str)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernel_equals_reference(algo, shape, dtype):
