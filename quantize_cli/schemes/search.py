@@ -71,8 +71,9 @@ SLICE_ELEMENTS = 1 << 21  # groups are searched in slices of about this many ele
 # -- the one search routine --------------------------------------------------------------------
 def error_units(s0: torch.Tensor, shift: int) -> torch.Tensor:
     """fp64 ``2^(shift - 2 e0)`` per group, e0 the unbiased fp32 exponent field of ``s0`` [G]."""
-    e0 = ((s0.float().view(torch.int32) >> 23) & 0xFF) - 127
-    return torch.ldexp(torch.ones_like(s0, dtype=torch.float64), (shift - 2 * e0).double())
+    e0 = ((s0.float().contiguous().view(torch.int32) >> 23) & 0xFF) - 127
+    # Built from its fp64 bits (exponent field 1023 + n): exact on every device, as in the kernels.
+    return ((1023 + shift - 2 * e0).to(torch.int64) << 52).view(torch.float64)
 
 
 def group_error(x64: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
