@@ -67,6 +67,10 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
     from ..schemes.nvfp4 import Nvfp4
     from ..schemes.numerics import NVFP4_GROUP
 
+    if getattr(scheme, "scale_search", "none") != "none":  # --scale-search mse: kernels/scale_search.py
+        from . import scale_search
+
+        return scale_search.run(scheme, w, gamax, _amax)
     if isinstance(scheme, Fp8PerTensor):
         from . import fp8_quant
 

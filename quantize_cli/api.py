@@ -26,6 +26,7 @@ from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
 from .report import human_bytes, run_report, write_json
 from .schemes import get_scheme
+from .schemes.search import with_scale_search
 
 
 class Console:
@@ -116,14 +117,14 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False) -> Plan:
+            layout: str = "plain", headers_only: bool = False, scale_search: str = "none") -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
     """
     from .checkpoint.hub import open_hub_headers
 
-    scheme = get_scheme(algo)
+    scheme = with_scale_search(get_scheme(algo), scale_search)
     source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
@@ -210,6 +211,7 @@ def convert(
     verify: bool = False,
     low_disk: bool = False,
     console: Console | None = None,
+    scale_search: str = "none",
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -218,7 +220,7 @@ def convert(
     """
     t0 = time.perf_counter()
     con = console or Console(quiet)
-    get_scheme(algo)  # usage errors first, in the first second
+    with_scale_search(get_scheme(algo), scale_search)  # usage errors first, in the first second
     _kv(kv_cache_dtype)
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
@@ -234,10 +236,11 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, scale_search)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
-                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
+                   scale_search=(scale_search or "none").lower())
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)

@@ -25,26 +25,34 @@ from .errors import NumericsError
 from .experts import ViewedTensor
 from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, Timers, load
 from .plan import Member, Plan, Task
+from .schemes.search import error_reduction, searched_baseline
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per read+write of a copied tensor
 
 
 @dataclass
 class ErrorStats:
-    """Running sums for a quantized tensor's error (||ref||^2, ||ref - deq||^2)."""
+    """Running sums for a quantized tensor's error (||ref||^2, ||ref - deq||^2 and, with a searched
+    scale, ||ref - rtn||^2 of the round-to-nearest baseline)."""
 
     signal: float = 0.0
     noise: float = 0.0
+    noise_rtn: float | None = None
 
-    def add(self, ref: torch.Tensor, deq: torch.Tensor) -> None:
+    def add(self, ref: torch.Tensor, deq: torch.Tensor, rtn: torch.Tensor | None = None) -> None:
         ref = ref.double()
         self.signal += float(ref.square().sum())
         self.noise += float((ref - deq.double()).square().sum())
+        if rtn is not None:
+            self.noise_rtn = (self.noise_rtn or 0.0) + float((ref - rtn.double()).square().sum())
 
     def summary(self) -> dict:
         rel = 0.0 if self.noise == 0 else (math.sqrt(self.noise / self.signal) if self.signal else math.inf)
         sqnr = math.inf if self.noise == 0 else (10 * math.log10(self.signal / self.noise) if self.signal else -math.inf)
-        return {"rel_error": rel, "sqnr_db": sqnr}
+        out = {"rel_error": rel, "sqnr_db": sqnr}
+        if self.noise_rtn is not None:
+            out.update(error_reduction(self.signal, self.noise, self.noise_rtn))
+        return out
 
 
 @dataclass
@@ -281,7 +289,7 @@ class Executor:
             out = self.quantize_fn(self.scheme, w, gamax)
             check_finite(m.source, out)
             if self.measure_error:
-                self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out))
+                self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out), searched_baseline(self.scheme, w, out))
             outs.append(out)
             self._consumed(req.nbytes)
             self._done_with(req)
@@ -337,7 +345,7 @@ class Executor:
             # Row-indexed outputs hold a fixed number of bytes per source row (chunks start at row_align multiples).
             self._out.write(name, t, req.start * self.plan.outputs[name].nbytes // m.source.shape[0])
         if self.measure_error:
-            self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out))
+            self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out), searched_baseline(self.scheme, w, out))
         self._consumed(req.nbytes)
         self._done_with(req)
 

@@ -102,6 +102,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         worst = min((t for t in tensors if isinstance(t.get("sqnr_db"), float)), key=lambda t: t["sqnr_db"])
         summary = {"tensors": len(sq), "median_sqnr_db": statistics.median(sq), "min_sqnr_db": min(sq), "worst": worst["name"],
                    "max_rel_error": max(t["rel_error"] for t in tensors if isinstance(t.get("rel_error"), float))}
+        summary.update(_search_summary(tensors))
     total = timings.get("total_s") or 0
     doc = {
         "converter": {"name": "quantize", "version": __version__},
@@ -125,6 +126,16 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         "tensors": tensors,
     }
     return doc
+
+
+def _search_summary(tensors: list[dict]) -> dict:
+    """--scale-search mse: the error reduction against round-to-nearest over all quantized tensors."""
+    gains = [t["sqnr_gain_db"] for t in tensors if isinstance(t.get("sqnr_gain_db"), float)]
+    red = [t["mse_reduction"] for t in tensors if isinstance(t.get("mse_reduction"), float)]
+    if not gains:
+        return {}
+    return {"median_sqnr_gain_db": statistics.median(gains), "min_sqnr_gain_db": min(gains),
+            "median_mse_reduction": statistics.median(red), "min_mse_reduction": min(red)}
 
 
 def _calibration(plan) -> dict | None:

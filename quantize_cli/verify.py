@@ -56,7 +56,8 @@ class VerifyResult(FindingsResult):
     def to_text(self) -> str:
         lines = [f"verify: {self.path}  algo {self.algo}  {len(self.quantized)} quantized module(s)"]
         for name, e in sorted(self.errors_by_tensor.items(), key=lambda kv: natural_key(kv[0])):
-            lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}")
+            gain = f"  vs round-to-nearest {e['sqnr_gain_db']:+.2f} dB (mse -{100 * e['mse_reduction']:.1f}%)" if "sqnr_gain_db" in e else ""
+            lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}{gain}")
         lines += [f"{f.level.upper():<7}  [{f.code}] {f.message}" for f in self.findings]
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
         return "\n".join(lines)
@@ -243,14 +244,16 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     _check_shared_scales(mods, recipe, scheme, tensors, res)
     _check_finite(tensors, res)
     if source:
-        _compare_with_source(source, quantized, scheme, recipe, res)
+        searched = (nested.get("converter") or {}).get("scale_search", "none") != "none"
+        _compare_with_source(source, quantized, scheme, recipe, res, searched)
     return res
 
 
-def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult) -> None:
+def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult, searched: bool = False) -> None:
     from .checkpoint.source import open_source
     from .experts import expand, read_virtual
     from .schemes.numerics import relative_error, sqnr_db
+    from .schemes.search import compare_with_rtn
 
     source = open_source(src)
     tensors, _ = expand(source.tensors, recipe, lambda m: True)
@@ -266,6 +269,8 @@ def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: Verif
             res.add(ERROR, "source", mod, f"{mod}: shape {list(deq.shape)} differs from the source's {list(w.shape)}")
             continue
         res.errors_by_tensor[f"{mod}.weight"] = {"sqnr_db": sqnr_db(w, deq), "rel_error": relative_error(w, deq)}
+        if searched:  # written with --scale-search: how much better than round-to-nearest under the same global scale
+            res.errors_by_tensor[f"{mod}.weight"].update(compare_with_rtn(scheme, w, q, deq))
     values = [e["sqnr_db"] for e in res.errors_by_tensor.values() if e["sqnr_db"] != float("inf")]
     if not values:
         return

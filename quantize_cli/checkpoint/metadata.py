@@ -29,6 +29,8 @@ def hf_quant_config(scheme: Scheme, exclude_modules: list[str], kv_cache_dtype: 
         quant["group_size"] = scheme.group_size
     quant["exclude_modules"] = sorted(exclude_modules)
     doc = {"producer": dict(PRODUCER), "quantization": quant, "converter": {"name": "quantize", "version": __version__}}
+    if getattr(scheme, "scale_search", "none") != "none":  # loaders ignore it; verify and people read it
+        doc["converter"]["scale_search"] = scheme.scale_search
     if extra:
         doc["converter"].update(extra)
     return doc

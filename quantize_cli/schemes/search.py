@@ -1,0 +1,287 @@
+"""Searched scales (``--scale-search mse``): the torch reference, the specification of the kernels.
+
+Round-to-nearest (RTN, what ModelOpt writes) takes ``scale = amax / qmax``. A slightly smaller
+scale clips the largest value a little and often lowers the error of the whole group. Per group we
+try a fixed, ordered list of candidate scales and keep the one with the smallest squared error of
+the dequantized group. The file format, tensor names, dtypes and shapes are unchanged: every
+loader reads a searched checkpoint exactly as it reads an RTN one.
+
+Groups and candidates (candidate 0 is always the RTN scale, so the search never does worse):
+
+    INT8 rows, FP8 rows, FP8 128x128 blocks:
+        scale_i = scale_from_amax(fp32(amax * m_i), qmax),  m_i = fp32(1 - 0.02 i), i = 0..15
+        (1.00, 0.98, ..., 0.70 of amax / qmax)
+    NVFP4 16-groups (the global ``weight_scale_2`` stays that of the fused group):
+        the e4m3 block scale whose code is RTN's code + j, j in (0, +1, -1, -2, -3, -4), kept to
+        the valid scale codes 1..126 (2^-9 .. 448): the RTN scale, its upper e4m3 neighbour and
+        the four below it (down to about 0.73x).
+
+The error of a candidate is measured exactly the same way on every device, so that the Triton
+kernels choose the same candidate as this reference, bit for bit:
+
+    d   = fp64(x) - fp64(v) * fp64(s)          v the dequantized code, s the scale (NVFP4:
+                                                 fp64(bs8) * fp64(weight_scale_2)); the product is
+                                                 exact in fp64, so a fused multiply-add cannot differ
+    t   = (d * d) * 2^(SHIFT - 2 e0)           e0: the fp32 exponent of the group's RTN scale, so t
+                                                 is the squared error in units of 2^-SHIFT RTN-scale^2
+    err = sum over the group of int64(t)       truncated to integers: an exact, order-free sum
+
+SHIFT is 28 for rows and blocks (rows up to ~300k elements cannot overflow int64) and 40 for
+16-groups. The candidate with the smallest ``err`` wins; candidates are scanned in the order
+above and a later one must be strictly smaller, so ties go to RTN, then to the larger scale. The
+truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per element:
+the searched group's fp64 error is never above RTN's by more than ``L * 2^-SHIFT * 4^(e0+1)``
+(``L`` elements), which the property test checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import torch
+
+from ..errors import UsageError
+from .base import Scheme
+from .fp8 import BLOCK, Fp8Block, Fp8PerChannel, _fp32, fp8_cast
+from .int8 import Int8PerChannel
+from .numerics import (
+    E4M3_MAX,
+    INT8_MAX,
+    NVFP4_GROUP,
+    block_amax,
+    e2m1_codes,
+    e2m1_values,
+    expand_blocks,
+    pack_nibbles,
+    scale_from_amax,
+)
+from .nvfp4 import Nvfp4, block_scales, global_scale
+
+METHODS = ("none", "mse")
+ROW_MULTIPLIERS = tuple(1.0 - 0.02 * i for i in range(16))  # as fp32: torch.tensor(ROW_MULTIPLIERS)
+NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)
+E4M3_CODE_MIN, E4M3_CODE_MAX = 1, 126  # 2^-9 (NVFP4's scale floor) .. 448
+ROW_SHIFT = 28
+NVFP4_SHIFT = 40
+SLICE_ELEMENTS = 1 << 21  # groups are searched in slices of about this many elements (bounded temporaries)
+
+
+# -- the one search routine --------------------------------------------------------------------
+def error_units(s0: torch.Tensor, shift: int) -> torch.Tensor:
+    """fp64 ``2^(shift - 2 e0)`` per group, e0 the unbiased fp32 exponent field of ``s0`` [G]."""
+    e0 = ((s0.float().contiguous().view(torch.int32) >> 23) & 0xFF) - 127
+    # Built from its fp64 bits (exponent field 1023 + n): exact on every device, as in the kernels.
+    return ((1023 + shift - 2 * e0).to(torch.int64) << 52).view(torch.float64)
+
+
+def group_error(x64: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    """int64 [G]: the module doc's ``err`` of ``x64`` [G, L] (the fp32 groups as fp64) dequantized
+    as ``v`` [G, L] (fp32 code values) times ``s`` [G] (fp64 scale)."""
+    d = v.double().mul_(s[:, None]).neg_().add_(x64)  # x - v * s: the product is exact in fp64
+    return d.mul_(d).mul_(units[:, None]).to(torch.int64).sum(dim=1)
+
+
+def search(x: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor | None,
+           evaluate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, slice], torch.Tensor]) -> torch.Tensor:
+    """Index [G] of the best candidate per group.
+
+    Args:
+        x: ``[G, L]`` fp32 groups.
+        candidates: ``[C, G]`` per-group candidate parameters, scanned in order (0 = RTN).
+        valid: ``[C, G]`` bool, or None when every candidate is valid (candidate 0 must be).
+        evaluate: ``(x[sl] [g, L], x[sl] as fp64, params [g], sl) -> int64 [g]`` errors (:func:`group_error`).
+    """
+    best = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    rows = max(1, SLICE_ELEMENTS // max(1, x.shape[1]))
+    for g0 in range(0, x.shape[0], rows):
+        sl = slice(g0, g0 + rows)
+        x64 = x[sl].double()
+        best_err = evaluate(x[sl], x64, candidates[0, sl], sl)
+        for c in range(1, candidates.shape[0]):
+            err = evaluate(x[sl], x64, candidates[c, sl], sl)
+            better = err < best_err
+            if valid is not None:
+                better &= valid[c, sl]
+            best_err = torch.where(better, err, best_err)
+            best[sl] = torch.where(better, c, best[sl])
+    return best
+
+
+# -- rows and blocks (INT8, FP8 per channel, FP8 128x128) ----------------------------------------
+def _int8_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (x / s[:, None]).round_().clamp_(-128, 127)
+
+
+def _fp8_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return fp8_cast(x / s[:, None]).float()
+
+
+def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values) -> torch.Tensor:
+    """Searched fp32 scales [G] of groups ``x`` [G, L] with max |x| ``amax`` [G] (see module doc)."""
+    mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=x.device)
+    cands = scale_from_amax(amax[None, :] * mults[:, None], qmax)  # [16, G], row 0 == RTN
+    units = error_units(cands[0], ROW_SHIFT)
+
+    def evaluate(xs, x64, s, sl):
+        return group_error(x64, values(xs, s), s.double(), units[sl])
+
+    best = search(x, cands, None, evaluate)
+    return cands.gather(0, best[None, :])[0]
+
+
+def _blocks(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [N, K] -> fp32 ``[ceil(N/128) * ceil(K/128), 128*128]`` blocks (edges zero padded)."""
+    n, k = w.shape
+    nb, kb = -(-n // BLOCK), -(-k // BLOCK)
+    x = torch.nn.functional.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n))
+    return x.reshape(nb, BLOCK, kb, BLOCK).transpose(1, 2).reshape(nb * kb, BLOCK * BLOCK)
+
+
+def quantize_rows(scheme: Scheme, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Searched INT8 / FP8 per-channel: the reference's tensors with searched row scales."""
+    int8 = isinstance(scheme, Int8PerChannel)
+    x = w.float()
+    amax = block_amax(w, (1, w.shape[1]))[:, 0]
+    s = search_amax_scales(x, amax, INT8_MAX if int8 else E4M3_MAX, _int8_values if int8 else _fp8_values)
+    q = _fp32(w).div_(s[:, None])
+    q = q.round_().clamp_(-128, 127).to(torch.int8) if int8 else fp8_cast(q)
+    return {"weight": q, "weight_scale": s}
+
+
+def quantize_blocks(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Searched FP8_PB_WO: 128x128 block scales ``[nb, 1, kb, 1]``."""
+    n, k = w.shape
+    amax = block_amax(w, (BLOCK, BLOCK))  # [nb, kb]
+    s = search_amax_scales(_blocks(w), amax.reshape(-1), E4M3_MAX, _fp8_values).reshape(amax.shape)
+    q = fp8_cast(_fp32(w).div_(expand_blocks(s, (BLOCK, BLOCK), (n, k))))
+    return {"weight": q, "weight_scale": s[:, None, :, None].contiguous()}
+
+
+# -- NVFP4 16-groups -------------------------------------------------------------------------
+def _e4m3(codes: torch.Tensor) -> torch.Tensor:
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn)
+
+
+def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
+    """Searched e4m3 ``[N, K/16]`` block scales of ``w`` [N, K] against the global scale ``wsf2``."""
+    n, k = w.shape
+    rtn = block_scales(w, wsf2).reshape(-1)
+    code0 = rtn.view(torch.uint8).long()
+    steps = torch.tensor(NVFP4_CODE_STEPS, device=w.device)
+    codes = code0[None, :] + steps[:, None]  # [6, G]
+    valid = (codes >= E4M3_CODE_MIN) & (codes <= E4M3_CODE_MAX)
+    codes = codes.clamp(E4M3_CODE_MIN, E4M3_CODE_MAX)
+    x = w.float().reshape(-1, NVFP4_GROUP)
+    w64 = wsf2.double()
+    units = error_units(rtn.float() * wsf2, NVFP4_SHIFT)
+
+    def evaluate(xs, x64, code, sl):
+        bs = _e4m3(code).float()
+        v = e2m1_values(e2m1_codes(xs / (bs * wsf2)[:, None]))
+        return group_error(x64, v, bs.double() * w64, units[sl])
+
+    best = search(x, codes, valid, evaluate)
+    return _e4m3(codes.gather(0, best[None, :])[0]).reshape(n, k // NVFP4_GROUP)
+
+
+def nvfp4_payload(w: torch.Tensor, bs8: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
+    """Packed uint8 ``[N, K/2]`` of ``w`` with block scales ``bs8`` (as ``Nvfp4.quantize`` does)."""
+    n, k = w.shape
+    denom = bs8.float() * wsf2
+    q = _fp32(w).reshape(n, k // NVFP4_GROUP, NVFP4_GROUP).div_(denom[:, :, None]).reshape(n, k)
+    return pack_nibbles(e2m1_codes(q))
+
+
+def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    gamax = scheme.global_amax(w) if global_amax is None else global_amax
+    wsf2 = global_scale(gamax.to(w.device))
+    bs8 = nvfp4_block_scales(w, wsf2)
+    out = {"weight": nvfp4_payload(w, bs8, wsf2), "weight_scale": bs8, "weight_scale_2": wsf2}
+    if scheme.static_input_scale is not None:
+        out["input_scale"] = scheme.input_scale_tensor
+    return out
+
+
+# -- the scheme ------------------------------------------------------------------------------
+SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block)
+
+
+@dataclass(frozen=True)
+class Searched(Scheme):
+    """`base` with searched scales: same algo, configs and tensors; only ``quantize`` differs."""
+
+    base: Scheme | None = None
+    scale_search: str = "mse"
+
+    def shape_problem(self, shape):
+        return self.base.shape_problem(shape)
+
+    def outputs(self, shape):
+        return self.base.outputs(shape)
+
+    def dequantize(self, q):
+        return self.base.dequantize(q)
+
+    def quantize(self, w, global_amax=None):
+        if isinstance(self.base, Nvfp4):
+            return quantize_nvfp4(self.base, w, global_amax)
+        if isinstance(self.base, Fp8Block):
+            return quantize_blocks(w)
+        return quantize_rows(self.base, w)
+
+
+def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
+    """`scheme` itself for ``none``; its :class:`Searched` form for ``mse`` (a UsageError otherwise)."""
+    method = (method or "none").lower()
+    if method not in METHODS:
+        raise UsageError(f"--scale-search {method!r}: choose none or mse")
+    if method == "none":
+        return scheme
+    if not isinstance(scheme, SEARCHABLE):
+        raise UsageError(f"--scale-search mse --algo {scheme.algo}: one scale per tensor, shared by a fused group, is not "
+                         "searched; use it with NVFP4, W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN or FP8_PB_WO, or drop it")
+    return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)
+
+
+def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """fp32 RTN reconstruction of source ``w`` under the written global scale (None: not searchable).
+
+    The baseline of the error reduction shown by ``--report`` and ``verify --source``."""
+    base = getattr(scheme, "base", None) or scheme
+    if not isinstance(base, SEARCHABLE):
+        return None
+    if isinstance(base, Nvfp4):
+        wsf2 = written["weight_scale_2"].float().to(w.device)
+        bs8 = block_scales(w, wsf2)
+        return base.dequantize({"weight": nvfp4_payload(w, bs8, wsf2), "weight_scale": bs8, "weight_scale_2": wsf2})
+    return base.dequantize(base.quantize(w))
+
+
+def searched_baseline(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The RTN reconstruction for a :class:`Searched` scheme's report, None for any other scheme."""
+    return rtn_dequantize(scheme, w, written) if isinstance(scheme, Searched) else None
+
+
+def compare_with_rtn(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor], deq: torch.Tensor) -> dict:
+    """:func:`error_reduction` of the written tensors (dequantized `deq`) against RTN of source `w`."""
+    rtn = rtn_dequantize(scheme, w, written)
+    if rtn is None:
+        return {}
+    ref = w.double()
+    return error_reduction(float(ref.square().sum()), float((ref - deq.double()).square().sum()),
+                           float((ref - rtn.double()).square().sum()))
+
+
+def error_reduction(signal: float, noise: float, noise_rtn: float) -> dict:
+    """Report fields comparing a searched tensor's squared error `noise` with RTN's `noise_rtn`."""
+
+    def db(n):
+        return math.inf if n == 0 else (10 * math.log10(signal / n) if signal else -math.inf)
+
+    return {"rtn_sqnr_db": db(noise_rtn), "sqnr_gain_db": (db(noise) - db(noise_rtn)) if noise and noise_rtn else 0.0,
+            "mse_reduction": (1 - noise / noise_rtn) if noise_rtn else 0.0}
+
+
+__all__ = ["METHODS", "Searched", "with_scale_search", "search", "group_error", "rtn_dequantize"]
