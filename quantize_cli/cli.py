@@ -94,23 +94,20 @@ def main():
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
               help="mse: per group, the candidate scale with the least squared error (docs/accuracy.md); none: ModelOpt's bytes.")
 @common
-def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max_shard_size, memory_budget, resume,
-            dry_run, overwrite, report, revision, verify, low_disk, scale_search, quiet, debug):
+def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
-    if not dst and not dry_run:
+    # Every option's name is the library keyword of the same name (api.convert).
+    if not dst and not options["dry_run"]:
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
-        if not dry_run and not low_disk:  # the disk starts while torch and CUDA load (warmup.py)
+        if not options["dry_run"] and not options["low_disk"]:  # the disk starts while torch and CUDA load (warmup.py)
             from .warmup import prefetch_source
 
             prefetch_source(src)
         from .api import convert as run
 
-        return run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,
-            max_shard_size=max_shard_size, memory_budget=memory_budget, resume=resume, dry_run=dry_run,
-            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk,
-            scale_search=scale_search)
+        return run(src, dst, quiet=quiet, **options)
 
     _run(debug, go)
     _fast_exit()
