@@ -5,8 +5,9 @@
 * ``input_amax[module]``: the amax each quantized Linear's ``input_scale`` is made from; members
   of a fused group (q/k/v, gate/up, an expert's w1/w3) share their max, because vLLM keeps one
   input scale per fused layer;
-* experts that received no calibration token take the max over the experts of the same MoE
-  layer that did (ModelOpt's rule for uncalibrated experts); they are listed in ``no_tokens``;
+* experts that received no calibration token take the max over the same projection (gate, up
+  or down) of the experts of the same MoE layer that did (ModelOpt's rule for uncalibrated
+  experts); they are listed in ``no_tokens``;
 * ``kv_amax[attn] = (k_amax, v_amax)`` for the FP8 KV cache.
 
 The scales themselves follow ModelOpt's export (fp32, 0-d): FP8 ``amax / 448``, NVFP4
@@ -62,13 +63,13 @@ def resolve(doc: ScalesDoc, quantized: list[str], groups: dict[str, list[str]], 
         if got is not None and got[1] > 0 and got[0] > 0:
             res.input_amax[name], res.tokens[name] = got
             if expert_container(name):
-                by_layer.setdefault(expert_container(name), []).append(got[0])
+                by_layer.setdefault(_slot(name), []).append(got[0])
     for name in quantized:
         if name in res.input_amax:
             continue
         got, layer = doc.input_amax(name), expert_container(name)
-        if layer and (got is None or got[1] == 0) and by_layer.get(layer):
-            res.input_amax[name], res.tokens[name] = max(by_layer[layer]), 0
+        if layer and (got is None or got[1] == 0) and by_layer.get(_slot(name)):
+            res.input_amax[name], res.tokens[name] = max(by_layer[_slot(name)]), 0
             res.no_tokens.append(name)
         elif got is None:
             res.problems.append(f"{name}: quantized with a static input scale but {_where(doc)} has no amax for it; "
@@ -89,6 +90,11 @@ def resolve(doc: ScalesDoc, quantized: list[str], groups: dict[str, list[str]], 
             else:
                 res.problems.append(f"{attn}: {_where(doc)} records a zero K or V amax; KV scales must be positive; calibrate again")
     return res
+
+
+def _slot(name: str) -> tuple[str, str]:
+    """(MoE layer, projection): an expert's stand-in comes from the same projection of its layer."""
+    return expert_container(name) or "", name.rpartition(".")[2]
 
 
 def _where(doc: ScalesDoc) -> str:

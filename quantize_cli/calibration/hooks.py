@@ -67,7 +67,7 @@ def attach(recorder: Recorder, layer: torch.nn.Module, prefix: str, expert_roles
     """Register the taps on `layer` (checkpoint module names start with `prefix`); returns handles."""
     handles = []
     for sub_name, mod in layer.named_modules():
-        name = f"{prefix}.{sub_name}" if sub_name else prefix
+        name = f"{prefix}.{sub_name}" if prefix and sub_name else (prefix or sub_name)
         recorder.names[id(mod)] = name
         if isinstance(mod, torch.nn.Linear):
             handles.append(mod.register_forward_pre_hook(_linear_hook(recorder, name)))
