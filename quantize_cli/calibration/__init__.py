@@ -48,8 +48,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
         source: an opened :class:`~quantize_cli.checkpoint.source.Source` (a local folder).
         recipe: its recipe (per-expert module names).
         memory_budget: host bytes; on the CPU the hidden states of all samples must fit in it.
-    Raises UsageError / SourceError with one-line messages (no transformers, bad data, unknown
-    architecture, activations over budget).
+    Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
+    data, unknown architecture, activations over budget).
     """
     from .model import build, require_transformers
 

@@ -20,13 +20,13 @@ import json
 import os
 from importlib import resources
 
-from ..errors import UsageError
+from ..errors import CalibrationError, UsageError
 
 DEFAULT = "default"
 
 
-def _err(spec: str, what: str) -> UsageError:
-    return UsageError(f"--calib-data {spec}: {what}")
+def _err(spec: str, what: str) -> CalibrationError:
+    return CalibrationError(f"--calib-data {spec}: {what}")
 
 
 def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq_len: int) -> tuple[list[list[int]], dict]:

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..checkpoint.safetensors_io import TensorInfo
-from ..errors import UsageError
+from ..errors import CalibrationError, UsageError
 
 FORMAT = "quantize-act-scales"
 VERSION = 1
@@ -58,11 +58,11 @@ class ScalesDoc:
                 f.write("\n")
             os.replace(tmp, path)
         except OSError as exc:
-            raise UsageError(f"-o {path}: cannot write the scales file ({exc.strerror or exc}); check the folder and permissions") from None
+            raise CalibrationError(f"-o {path}: cannot write the scales file ({exc.strerror or exc}); check the folder and permissions") from None
 
 
-def _bad(path: str, what: str) -> UsageError:
-    return UsageError(f"--act-scales {path}: {what}; make it again with `quantize calibrate SRC --calib-data DATA -o {os.path.basename(path)}`")
+def _bad(path: str, what: str) -> CalibrationError:
+    return CalibrationError(f"--act-scales {path}: {what}; make it again with `quantize calibrate SRC --calib-data DATA -o {os.path.basename(path)}`")
 
 
 def load(path: str) -> ScalesDoc:
@@ -72,7 +72,7 @@ def load(path: str) -> ScalesDoc:
             raw = f.read(256 << 20)
         doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float(c))
     except FileNotFoundError:
-        raise UsageError(f"--act-scales {path}: no such file; pass the file `quantize calibrate` wrote") from None
+        raise CalibrationError(f"--act-scales {path}: no such file; pass the file `quantize calibrate` wrote") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"not valid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -127,6 +127,6 @@ def check_source(doc: ScalesDoc, fp: dict, label: str) -> None:
     same = mine.get("layout_sha256") == fp["layout_sha256"] and (
         "content_sha256" not in fp or "content_sha256" not in mine or mine["content_sha256"] == fp["content_sha256"])
     if not same:
-        raise UsageError(f"--act-scales {doc.path}: made from another source ({mine.get('label', '?')}, fingerprint "
+        raise CalibrationError(f"--act-scales {doc.path}: made from another source ({mine.get('label', '?')}, fingerprint "
                          f"{str(mine.get('content_sha256') or mine.get('layout_sha256'))[:12]}) than {label} "
                          f"({(fp.get('content_sha256') or fp['layout_sha256'])[:12]}); calibrate this source: quantize calibrate {label} --calib-data DATA -o SCALES.json")

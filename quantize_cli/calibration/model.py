@@ -40,9 +40,9 @@ def require_transformers():
     try:
         import transformers  # noqa: F401
     except ImportError:
-        from ..errors import UsageError
+        from ..errors import CalibrationError
 
-        raise UsageError(f"calibration runs the model with transformers, which is not installed; {install_hint()}") from None
+        raise CalibrationError(f"calibration runs the model with transformers, which is not installed; {install_hint()}") from None
     return transformers
 
 
