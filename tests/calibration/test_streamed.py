@@ -93,6 +93,11 @@ def test_scales_written_shared_and_round_trip(tmp_path, algo, bound):
     hq = json.load(open(tmp_path / "a" / "hf_quant_config.json"))
     assert hq["converter"]["calibration"]["data"]["samples"] == 3
     assert hq["quantization"]["kv_cache_quant_algo"] == "FP8"
+    from quantize_cli.verify import verify_checkpoint
+
+    assert verify_checkpoint(str(tmp_path / "a")).input_scales.startswith("calibrated for 21 module(s)")
+    api.convert(folder, str(tmp_path / "c"), algo=algo, device="cpu", quiet=True)  # data-free: the constant, said so
+    assert verify_checkpoint(str(tmp_path / "c")).input_scales.startswith("constant")
 
 
 def test_moe_experts_without_tokens_take_layer_max(tmp_path):
