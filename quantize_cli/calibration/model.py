@@ -123,10 +123,11 @@ def materialize(sk: Skeleton, module: torch.nn.Module, path: str, tensors: dict[
         if not own:
             continue
         sub.to_empty(device=device, recurse=False)
-        try:
-            sk.model._init_weights(sub)  # buffers the checkpoint lacks (inv_freq, position_ids)
-        except Exception:  # noqa: BLE001 - init of weights we overwrite below is not needed
-            pass
+        if list(sub.named_buffers(recurse=False)):  # buffers the checkpoint lacks (inv_freq, position_ids);
+            try:                                    # parameters are all overwritten below: never initialised
+                sk.model._init_weights(sub)
+            except Exception:  # noqa: BLE001 - a module without an init rule keeps the checkpoint's buffers
+                pass
         for leaf, p in sub.named_parameters(recurse=False):
             value = _load(sk, _join(full, leaf), tensors, p, sub)
             with torch.no_grad():
