@@ -3,11 +3,11 @@
 Accepted ``--calib-data``:
 
 * ``default``: the text shipped in this package (``default_calibration.txt``: prose, code,
-  dialogue, numbers; written for this project), tokenized, then cut into samples of L tokens;
+  dialogue, numbers; written for this project), tokenized, then cut into samples of L tokens,
+  each framed with the tokenizer's special tokens (BOS, or [CLS] ... [SEP]) as served inputs are;
 * ``FILE.jsonl``: one JSON object per line, with ``"input_ids"`` (used as is: no BOS added,
   truncated to L) or ``"text"`` (tokenized with the checkpoint's own tokenizer, truncated to L);
-* ``FILE.txt``: tokenized whole, then cut into samples of L tokens (a shorter tail is dropped
-  unless it is the only sample);
+* ``FILE.txt``: as ``default`` (a shorter tail is dropped unless it is the only sample);
 * a Hugging Face dataset id already in the local cache (needs ``datasets``; column ``text``).
 
 Every problem is one line naming the file, the line and the rule.
@@ -37,7 +37,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
         raise UsageError(f"--calib-seq-len {seq_len}: must be at least 1")
     if spec == DEFAULT:
         text = resources.files(__package__).joinpath("default_calibration.txt").read_text(encoding="utf-8")
-        out = _cut(_tokenize(root, spec, text, special=False), seq_len)
+        out = _cut_text(root, spec, text, seq_len)
         digest = hashlib.sha256(text.encode()).hexdigest()
     elif os.path.isfile(spec):
         raw = _read(spec)
@@ -45,7 +45,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
         text = _decode(spec, raw)
         if not text.strip():
             raise _err(spec, "the file is empty; give at least one sample")
-        out = _jsonl(spec, text, root, seq_len) if spec.endswith(".jsonl") else _cut(_tokenize(root, spec, text, special=False), seq_len)
+        out = _jsonl(spec, text, root, seq_len) if spec.endswith(".jsonl") else _cut_text(root, spec, text, seq_len)
     elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
     else:
@@ -93,6 +93,29 @@ def _jsonl(path: str, text: str, root: str, seq_len: int) -> list[list[int]]:
                 raise _err(path, f"line {n}: \"text\" must be a non-empty string")
             out.append(_tokenize(root, path, obj["text"], special=True)[:seq_len])
     return out
+
+
+def _cut_text(root: str, spec: str, text: str, seq_len: int) -> list[list[int]]:
+    """Tokenize `text` whole, cut it, and frame every piece with the tokenizer's special tokens
+    (BOS; BERT's [CLS] ... [SEP]) as served inputs have them: those positions often carry the
+    largest activations, so a calibration without them would clip them at serve time."""
+    ids = _tokenize(root, spec, text, special=False)
+    head, tail = _frame(_TOKENIZERS[root])
+    extra = len(head) + len(tail)
+    if seq_len <= extra:
+        raise UsageError(f"--calib-seq-len {seq_len}: must exceed the {extra} special token(s) the tokenizer adds")
+    return [head + piece + tail for piece in _cut(ids, seq_len - extra)]
+
+
+def _frame(tok) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer puts before and after a text (found by tokenizing a probe both ways)."""
+    probe = "calibration probe"
+    framed = list(tok(probe, add_special_tokens=True)["input_ids"])
+    plain = list(tok(probe, add_special_tokens=False)["input_ids"])
+    for i in range(len(framed) - len(plain) + 1):
+        if framed[i : i + len(plain)] == plain:
+            return framed[:i], framed[i + len(plain) :]
+    return [], []
 
 
 def _cut(ids: list[int], seq_len: int) -> list[list[int]]:
