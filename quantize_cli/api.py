@@ -223,6 +223,8 @@ def convert(
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+    if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
+        options["calibration"] = plan.act_scales.digest()
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)

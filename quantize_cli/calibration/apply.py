@@ -45,6 +45,13 @@ class ActScales:
         bound = E4M3_MAX * E2M1_MAX if algo == "NVFP4" else E4M3_MAX
         return torch.tensor(self.input_amax[module], dtype=torch.float32) / bound
 
+    def digest(self) -> str:
+        """sha256 of every resolved amax: what the written scales depend on (resume fingerprint)."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps([sorted(self.input_amax.items()), sorted(self.kv_amax.items())]).encode()).hexdigest()
+
     def kv_tensors(self) -> dict[str, torch.Tensor]:
         """``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale``: 0-d fp32 ``amax / 448``."""
         out = {}
