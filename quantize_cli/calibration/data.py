@@ -133,7 +133,7 @@ def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
         from transformers import AutoTokenizer
 
         try:
-            tok = AutoTokenizer.from_pretrained(root, local_files_only=True, trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - a missing or broken tokenizer, in many types
             raise _err(spec, f"text needs the checkpoint's tokenizer, which {root} does not have or transformers cannot load "
                              f"({type(exc).__name__}); add tokenizer files or give a .jsonl with \"input_ids\"") from None

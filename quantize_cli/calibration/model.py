@@ -54,7 +54,7 @@ def build(root: str, config: dict, tensors: dict[str, TensorInfo], recipe, dtype
     hooks.register()
     model_type = config.get("model_type")
     try:
-        hf_config = AutoConfig.from_pretrained(root, trust_remote_code=False, local_files_only=True)
+        hf_config = AutoConfig.from_pretrained(root, local_files_only=True)  # remote code never runs (default)
     except (ValueError, KeyError, OSError) as exc:
         raise SourceError(
             f"{root}/config.json: model_type {model_type!r} is not an architecture this transformers knows "
