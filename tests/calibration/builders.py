@@ -58,3 +58,16 @@ def bert(folder: str, seed: int = 0) -> str:
     cfg = BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
                      max_position_embeddings=128)
     return save(BertModel(cfg), folder, shard="30KB")
+
+
+def deepseek_v3(folder: str, seed: int = 0) -> str:
+    """MLA attention (q/kv LoRA projections), one dense layer then a routed-MoE layer with a shared expert."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                           first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=32,
+                           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, vocab_size=VOCAB,
+                           tie_word_embeddings=False)
+    return save(DeepseekV3ForCausalLM(cfg), folder, with_tokenizer=False)

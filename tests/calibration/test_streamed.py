@@ -47,7 +47,8 @@ def _streamed(folder: str, data: str):
     return calibrate(src, load_recipe(None, src.config.get("model_type")), data, samples=8, seq_len=64)
 
 
-@pytest.mark.parametrize("build, prefix", [(builders.llama, "model"), (builders.qwen3_moe, "model"), (builders.bert, "")])
+@pytest.mark.parametrize("build, prefix", [(builders.llama, "model"), (builders.qwen3_moe, "model"), (builders.bert, ""),
+                                           (builders.deepseek_v3, "model")])
 def test_streamed_equals_whole_model(tmp_path, build, prefix):
     folder = build(str(tmp_path / "src"))
     doc = _streamed(folder, _jsonl(tmp_path / "c.jsonl"))
@@ -61,6 +62,9 @@ def test_streamed_equals_whole_model(tmp_path, build, prefix):
         experts = [n for n in doc.modules if ".experts." in n and n.endswith("gate_proj") and n.startswith("model.layers.0.")]
         assert len(experts) == 8
         assert sum(doc.modules[n]["tokens"] for n in experts) == 2 * sum(map(len, SAMPLES))
+    if build is builders.deepseek_v3:  # MLA projections and the shared expert are Linears like any other
+        assert {"model.layers.0.self_attn.kv_b_proj", "model.layers.1.mlp.shared_experts.down_proj",
+                "model.layers.1.mlp.experts.3.up_proj"} <= set(doc.modules)
     if build is builders.bert:  # the pooler after the blocks is calibrated too; an encoder has no K/V for a cache
         assert "pooler.dense" in doc.modules
 
