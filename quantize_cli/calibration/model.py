@@ -129,9 +129,7 @@ def materialize(sk: Skeleton, module: torch.nn.Module, path: str, tensors: dict[
             except Exception:  # noqa: BLE001 - a module without an init rule keeps the checkpoint's buffers
                 pass
         for leaf, p in sub.named_parameters(recurse=False):
-            value = _load(sk, _join(full, leaf), tensors, p, sub)
-            with torch.no_grad():
-                p.copy_(value.to(device=device, dtype=p.dtype))
+            _load(sk, _join(full, leaf), tensors, p, sub)
         for leaf, b in sub.named_buffers(recurse=False):
             info = tensors.get(sk.prefix + _join(full, leaf))
             if info is not None:
@@ -148,28 +146,29 @@ def _join(a: str, b: str) -> str:
     return f"{a}.{b}" if a and b else (a or b)
 
 
-def _load(sk: Skeleton, name: str, tensors: dict[str, TensorInfo], p: torch.Tensor, owner) -> torch.Tensor:
-    """The checkpoint value of model parameter `name` (stacking per-expert tensors for fused experts)."""
+def _load(sk: Skeleton, name: str, tensors: dict[str, TensorInfo], p: torch.Tensor, owner) -> None:
+    """Fill model parameter `name` from the checkpoint (per-expert tensors go into fused experts one
+    expert at a time, so the host holds one expert's weights, never the whole stack)."""
     ck = sk.prefix + name
     info = tensors.get(ck)
     if info is not None:
-        t = read_tensor(info)
-        if tuple(t.shape) != tuple(p.shape):
-            raise SourceError(f"{info.name} in {info.path}: shape {list(t.shape)} but the {type(owner).__name__} built from "
+        if tuple(info.shape) != tuple(p.shape):
+            raise SourceError(f"{info.name} in {info.path}: shape {list(info.shape)} but the {type(owner).__name__} built from "
                               f"config.json expects {list(p.shape)}; the checkpoint and its config.json disagree")
-        return t
+        with torch.no_grad():
+            p.copy_(read_tensor(info).to(device=p.device, dtype=p.dtype))
+        return
     container, _, leaf = ck.rpartition(".")
     if p.dim() == 3 and leaf in ("gate_up_proj", "down_proj"):
-        return _stack_experts(sk, container, leaf, tensors, p, owner)
+        return _fill_experts(sk, container, leaf, tensors, p, owner)
     raise SourceError(f"{ck}: the transformers model needs this parameter but the checkpoint has no such tensor; "
                       f"this checkpoint's naming is not supported for calibration (convert without --calib-data, or pass --act-scales)")
 
 
-def _stack_experts(sk: Skeleton, container: str, leaf: str, tensors, p: torch.Tensor, owner) -> torch.Tensor:
-    """``[E, 2I, H]`` = per expert [gate ; up] rows, ``[E, H, I]`` = per expert down (transposed
-    when the module keeps them transposed)."""
+def _fill_experts(sk: Skeleton, container: str, leaf: str, tensors, p: torch.Tensor, owner) -> None:
+    """``p[e]`` = expert e's [gate ; up] rows (``gate_up_proj [E, 2I, H]``) or its down weight
+    (``down_proj [E, H, I]``), transposed when the module keeps them transposed."""
     roles = ("gate", "up") if leaf == "gate_up_proj" else ("down",)
-    parts = []
     for e in range(p.shape[0]):
         ws = []
         for r in roles:
@@ -179,8 +178,8 @@ def _stack_experts(sk: Skeleton, container: str, leaf: str, tensors, p: torch.Te
                                   f"but the checkpoint has no such tensor; convert without --calib-data, or pass --act-scales")
             ws.append(read_tensor(info))
         w = torch.cat(ws, dim=0)
-        parts.append(w.t() if getattr(owner, "is_transposed", False) else w)
-    out = torch.stack(parts)
-    if tuple(out.shape) != tuple(p.shape):
-        raise SourceError(f"{container}: experts stacked to {list(out.shape)} but config.json implies {list(p.shape)}")
-    return out
+        w = w.t() if getattr(owner, "is_transposed", False) else w
+        if tuple(w.shape) != tuple(p.shape[1:]):
+            raise SourceError(f"{container}.{e}: expert weights give {list(w.shape)} but config.json implies {list(p.shape[1:])}")
+        with torch.no_grad():
+            p[e].copy_(w.to(device=p.device, dtype=p.dtype))
