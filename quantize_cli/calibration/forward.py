@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from ..checkpoint.safetensors_io import TensorInfo
+from ..errors import CalibrationError
 from . import hooks
 from .model import Skeleton, materialize, release
 
@@ -95,7 +96,7 @@ def _capture(model, blocks, samples, device) -> tuple[list[torch.Tensor], list[t
                 states.append(h)
                 extra.append((args[1:], kwargs))
             else:
-                raise RuntimeError("the model never reached its first block")
+                raise CalibrationError("calibration: the model never reached its first block; this architecture cannot be calibrated layer by layer")
     finally:
         handle.remove()
     return states, extra
