@@ -35,6 +35,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
         raise UsageError(f"--calib-samples {samples}: must be at least 1")
     if seq_len < 1:
         raise UsageError(f"--calib-seq-len {seq_len}: must be at least 1")
+    _TOKENIZERS.clear()  # loaded once per call, never reused across calls (the files may change)
     if spec == DEFAULT:
         text = resources.files(__package__).joinpath("default_calibration.txt").read_text(encoding="utf-8")
         out = _cut_text(root, spec, text, seq_len)

@@ -180,3 +180,29 @@ def test_cli_exit_codes(tmp_path):
                                   str(tmp_path / "s.json"), "--device", "cpu", "-q"])
     assert r.exit_code == 0, r.output
     assert json.load(open(tmp_path / "s.json"))["data"]["samples"] == 4
+
+
+def test_text_samples_framed_with_special_tokens(tmp_path):
+    """A .txt is tokenized, cut into L-token samples, each framed as served inputs are ([CLS] ... [SEP] here)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from quantize_cli.calibration import data
+
+    folder = str(tmp_path / "tok")
+    builders.tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    bos, unk = tok.convert_tokens_to_ids("<s>"), tok.convert_tokens_to_ids("<unk>")
+    backend = tok.backend_tokenizer
+    backend.post_processor = TemplateProcessing(single="<s> $A <unk>", special_tokens=[("<s>", bos), ("<unk>", unk)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>").save_pretrained(folder)
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    samples, meta = data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=3, seq_len=24)
+    assert meta["samples"] == 3 and meta["tokens"] == 72
+    plain = AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False)["input_ids"]
+    for k, s in enumerate(samples):
+        assert len(s) == 24 and s[0] == bos and s[-1] == unk
+        assert s[1:-1] == plain[22 * k : 22 * k + 22]  # consecutive pieces of the text, none lost or repeated
+    with pytest.raises(UsageError, match="must exceed the 2 special"):
+        data._TOKENIZERS.clear()
+        data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=3, seq_len=2)
