@@ -117,7 +117,7 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False, scale_search: str = "none") -> Plan:
+            layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None) -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
@@ -128,7 +128,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
-                      layout=layout)
+                      layout=layout, act_scales=act_scales)
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
@@ -212,6 +212,10 @@ def convert(
     low_disk: bool = False,
     console: Console | None = None,
     scale_search: str = "none",
+    calib_data: str | None = None,
+    calib_samples: int | None = None,
+    calib_seq_len: int | None = None,
+    act_scales: str | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -236,11 +240,15 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, scale_search)
+    doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, scale_search,
+                   act_scales=doc)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
                    scale_search=(scale_search or "none").lower())
+    if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
+        options["calibration"] = plan.act_scales.digest()
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -287,6 +295,35 @@ def convert(
     con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
     return ConvertResult(plan, dest.dst, doc)
+
+
+def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con):
+    """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
+    if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
+        return None  # the data-free path: nothing of calibration (nor transformers) is imported
+    from .calibration.entry import scales_for_convert
+
+    return scales_for_convert(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
+                              low_disk, recipe, con.info, con.warn)
+
+
+def calibrate(src: str, calib_data: str = "default", output: str | None = None, calib_samples: int | None = None,
+              calib_seq_len: int | None = None, device: str = "auto", memory_budget: str | int = "4GB",
+              revision: str | None = None, recipe: str | None = None, quiet: bool = False, console: Console | None = None):
+    """``quantize calibrate``: measure activation amax of `src` on `calib_data`; write SCALES.json to `output`."""
+    from .calibration import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
+    from .calibration.entry import run_calibration
+
+    con = console or Console(quiet)
+    if output:
+        _check_writable(output, "-o")
+    dev = resolve_device(device)
+    doc = run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN, dev,
+                          _size(memory_budget, "--memory-budget"), revision, quiet, recipe, con.info)
+    if output:
+        doc.save(output)
+        con.info(f"wrote {output}")
+    return doc
 
 
 def _keep_for_resume(dest: Destination, con: Console) -> None:
@@ -379,9 +416,13 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
     extra = None
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
         extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
+    if plan.act_scales is not None:  # read back by `verify`: which input scales are calibrated, on what
+        from .report import calibration_summary
+
+        extra = {**(extra or {}), "calibration": calibration_summary(plan, full=False)}
     nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
     config = output_config(plan.source.config, nested)
-    if extra:
+    if extra and "layout" in extra:
         config["quantization_config"]["layout"] = extra["layout"]
     write_config_files(folder, nested, config)
     for name in plan.source.sidecars:

@@ -67,6 +67,13 @@ class AlgoType(click.ParamType):
         return key
 
 
+def calib_options(fn):
+    """--calib-data, --calib-samples, --calib-seq-len (convert and calibrate; docs/calibration.md)."""
+    fn = click.option("--calib-seq-len", type=int, metavar="L", help="Tokens per calibration sample (default 512).")(fn)
+    fn = click.option("--calib-samples", type=int, metavar="N", help="Calibration samples (default 128).")(fn)
+    return click.option("--calib-data", metavar="DATA", help="Calibrate static activation scales on DATA: default, FILE.jsonl, FILE.txt or a cached dataset id.")(fn)
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="quantize")
 def main():
@@ -93,6 +100,8 @@ def main():
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
               help="mse: per group, the candidate scale with the least squared error (docs/accuracy.md); none: ModelOpt's bytes.")
+@calib_options
+@click.option("--act-scales", metavar="SCALES.json", help="Reuse activation scales made by `quantize calibrate` from this SRC.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
@@ -224,3 +233,27 @@ def recipes_show(name, quiet, debug):
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("src")
+@click.option("--calib-data", default="default", show_default=True, metavar="DATA", help="default, FILE.jsonl, FILE.txt or a cached dataset id.")
+@click.option("-o", "--output", metavar="SCALES.json", required=True, help="Where to write the measured amax (docs/calibration.md).")
+@click.option("--calib-samples", type=int, metavar="N", help="Calibration samples (default 128).")
+@click.option("--calib-seq-len", type=int, metavar="L", help="Tokens per sample (default 512).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--memory-budget", default="4GB", show_default=True, help="Host bytes (CPU: the hidden states must fit).")
+@click.option("--revision", help="Hub revision when SRC is a repo id.")
+@click.option("--recipe", metavar="NAME|FILE", help="Recipe (per-expert module names), default by model_type.")
+@common
+def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, memory_budget, revision, recipe, quiet, debug):
+    """Run SRC layer by layer on calibration data and write every Linear input amax and K/V amax."""
+
+    def go():
+        from .api import calibrate as run
+
+        run(src, calib_data=calib_data, output=output, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
+            device=device, memory_budget=memory_budget, revision=revision, recipe=recipe, quiet=quiet)
+
+    _run(debug, go)
+    _fast_exit()

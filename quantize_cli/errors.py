@@ -80,3 +80,7 @@ def format_error(err: QuantizeError, limit: int = 20) -> str:
     if len(err.details) > limit:
         lines.append(f"  ... and {len(err.details) - limit} more (see --report / --json)")
     return "\n".join(lines)
+
+
+class CalibrationError(QuantizeError):
+    """Calibration data, a scales file or the calibration run is unusable (exit 1)."""

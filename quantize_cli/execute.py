@@ -138,6 +138,8 @@ class Executor:
 
     def reads(self, task: Task) -> list[Read]:
         """Every read `task` makes, in the order the executor makes them."""
+        if task.kind == "const":
+            return []
         if task.kind == "copy":
             info = task.copy
             if isinstance(info, ViewedTensor):
@@ -175,7 +177,9 @@ class Executor:
                 if index in self.done:
                     self.progress(task.bytes_in)
                     continue
-                if task.kind == "copy":
+                if task.kind == "const":
+                    self._const(task)
+                elif task.kind == "copy":
                     self._copy(task.copy)  # type: ignore[arg-type]
                 elif task.kind == "moe":
                     self._moe(task)
@@ -286,7 +290,7 @@ class Executor:
             gamax = self._group_amax([self._amax(w) for w in held] if held else amaxes, members)
         for k, (m, req) in enumerate(zip(members, reqs)):
             w = held[k] if held else self._fetch(req)
-            out = self.quantize_fn(self.scheme, w, gamax)
+            out = self._calibrated(m.module, self.quantize_fn(self.scheme, w, gamax))
             check_finite(m.source, out)
             if self.measure_error:
                 self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out), searched_baseline(self.scheme, w, out))
@@ -321,6 +325,19 @@ class Executor:
         for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
             self._out.write(name, t)
 
+    def _calibrated(self, module: str, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The plan's calibrated ``input_scale`` for `module` in place of the scheme's constant."""
+        scales = self.plan.act_scales
+        if scales is not None and out.get("input_scale") is not None and module in scales.input_amax:
+            out["input_scale"] = scales.input_scale(module, self.scheme.algo)
+        return out
+
+    def _const(self, task: Task) -> None:
+        """Tensors the plan already holds (calibrated KV scales)."""
+        values = self.plan.act_scales.kv_tensors()  # type: ignore[union-attr]
+        for name in task.outputs:
+            self._out.write(name, values[name])
+
     def _amax(self, w: torch.Tensor) -> torch.Tensor:
         return self.scheme.global_amax(w)
 
@@ -334,7 +351,7 @@ class Executor:
         if w is None:
             w = self._fetch(req)
         with self.timers.time("compute"):
-            out = self.quantize_fn(self.scheme, w, gamax)
+            out = self._calibrated(m.module, self.quantize_fn(self.scheme, w, gamax))
             self._finite.append((m.source, finite_flag(out)))
         for suffix, t in out.items():
             name = f"{m.module}.{suffix}"

@@ -24,6 +24,7 @@ from . import layouts
 from .experts import expert_names
 from .layouts import Layout
 from .packing import Packing, act_dtype_from_config
+from .calibration.apply import ActScales, for_plan
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Task:
 
     @property
     def sources(self) -> list[TensorInfo]:
+        if self.kind == "const":  # calibrated KV scales: written from the plan, nothing read
+            return []
         return [m.source for m in self.members] if self.kind != "copy" else [self.copy]  # type: ignore[list-item]
 
     @property
@@ -85,6 +88,7 @@ class Plan:
     kv_cache_dtype: str | None = None
     findings: list[Finding] = field(default_factory=list)
     packing: Packing | None = None
+    act_scales: "ActScales | None" = None  # calibrated input/KV amax (calibration/apply.py); None: constants
 
     @property
     def problems(self) -> list[str]:
@@ -288,6 +292,7 @@ def build_plan(
     kv_cache_dtype: str | None = None,
     tp: int = 1,
     layout: str = "plain",
+    act_scales=None,
 ) -> Plan:
     """Decide everything about a conversion without reading tensor data."""
     num_layers = source.config.get("num_hidden_layers")
@@ -307,21 +312,24 @@ def build_plan(
         packing = None
     if packing is not None:
         findings += _layout_findings(mods, packing, stacks)
+    calib = for_plan(act_scales, mods, groups, scheme, kv_cache_dtype, findings)  # act_scales: a ScalesDoc or None
+    kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards(_outputs(mods, scheme, packing, stacks), max_shard_size)
+    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks), **kv_outs}, max_shard_size)
     return Plan(
         source=source,
         scheme=scheme,
         recipe=recipe,
         modules=mods,
         groups={k: [m.name for m in v] for k, v in groups.items()},
-        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs),
+        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs) + ([Task("const", outputs=tuple(kv_outs))] if kv_outs else []),
         outputs=outs,
         shard_names=shard_names,
         exclude_modules=entries,
         kv_cache_dtype=kv_cache_dtype,
         findings=findings,
         packing=packing,
+        act_scales=calib,
     )
 
 

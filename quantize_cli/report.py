@@ -142,7 +142,23 @@ def _calibration(plan) -> dict | None:
     value = plan.scheme.static_input_scale
     if value is None:
         return None
+    if getattr(plan, "act_scales", None) is not None:
+        return calibration_summary(plan, full=True)
     return {"calibrated": False, "input_scale": value, "convention": "activation amax 448 (ModelOpt calibration-free constant)"}
+
+
+def calibration_summary(plan, full: bool) -> dict:
+    """What was calibrated: data, run, and (`full`) per module amax, input_scale, tokens."""
+    cal = plan.act_scales
+    out = {"calibrated": True, "data": cal.meta.get("data"), "run": cal.meta.get("run"),
+           "source": cal.meta.get("source"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
+           "experts_without_tokens": list(cal.no_tokens)}
+    if full:
+        algo = plan.scheme.algo
+        out["per_module"] = {m: {"amax": a, "input_scale": float(cal.input_scale(m, algo)), "tokens": cal.tokens.get(m, 0)}
+                             for m, a in cal.input_amax.items()}
+        out["kv"] = {a: {"k_amax": k, "v_amax": v, "k_scale": k / 448.0, "v_scale": v / 448.0} for a, (k, v) in cal.kv_amax.items()}
+    return out
 
 
 def write_json(path: str, doc: dict) -> None:

@@ -138,7 +138,8 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
     if scheme.static_input_scale is not None and quantized:
         out.append(Finding(WARNING, "uncalibrated", scheme.algo,
             f"{scheme.algo} uses static activation scales and no calibration data was given: every input_scale is the "
-            f"documented constant {scheme.static_input_scale:g} (activation amax 448); accuracy is not calibrated"))
+            f"documented constant {scheme.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
+            f"calibrate with --calib-data default (docs/calibration.md)"))
     if scheme.algo == "INT8" and quantized:
         out.append(Finding(WARNING, "int8-vllm", scheme.algo,
             "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))

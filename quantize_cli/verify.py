@@ -41,6 +41,7 @@ class VerifyResult(FindingsResult):
     findings: list[Finding] = field(default_factory=list)
     quantized: list[str] = field(default_factory=list)
     errors_by_tensor: dict[str, dict] = field(default_factory=dict)
+    input_scales: str | None = None  # static input scales: calibrated (on what) or constant; None when none
 
     def add(self, level: str, code: str, subject: str, message: str) -> None:
         self.findings.append(Finding(level, code, subject, message))
@@ -51,6 +52,7 @@ class VerifyResult(FindingsResult):
             "summary": {"errors": len(self.errors), "warnings": len(self.warnings), "quantized_modules": len(self.quantized)},
             "findings": [f.to_json() for f in self.findings],
             "tensor_errors": self.errors_by_tensor,
+            "input_scales": self.input_scales,
         }
 
     def to_text(self) -> str:
@@ -58,6 +60,8 @@ class VerifyResult(FindingsResult):
         for name, e in sorted(self.errors_by_tensor.items(), key=lambda kv: natural_key(kv[0])):
             gain = f"  vs round-to-nearest {e['sqnr_gain_db']:+.2f} dB (mse -{100 * e['mse_reduction']:.1f}%)" if "sqnr_gain_db" in e else ""
             lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}{gain}")
+        if self.input_scales:
+            lines.append(f"input scales: {self.input_scales}")
         lines += [f"{f.level.upper():<7}  [{f.code}] {f.message}" for f in self.findings]
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
         return "\n".join(lines)
@@ -238,6 +242,7 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
                 "verify its plain form: quantize unpack DST -o PLAIN && quantize verify PLAIN (the round trip is exact)")
         return res
     res.algo = scheme.algo
+    res.input_scales = _input_scales(nested, scheme)
     quantized = _check_modules(tensors, scheme, res)
     exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
     mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res)
@@ -247,6 +252,19 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
         searched = (nested.get("converter") or {}).get("scale_search", "none") != "none"
         _compare_with_source(source, quantized, scheme, recipe, res, searched)
     return res
+
+
+def _input_scales(nested: dict, scheme: Scheme) -> str | None:
+    """From the metadata convert records (converter.calibration): are the static input scales calibrated?"""
+    if scheme.static_input_scale is None:
+        return None
+    cal = (nested.get("converter") or {}).get("calibration")
+    if not isinstance(cal, dict) or not cal.get("calibrated"):
+        return f"constant {scheme.static_input_scale:g} (not calibrated: activations above amax 448 clip at serve time)"
+    data = cal.get("data") or {}
+    return (f"calibrated for {cal.get('modules')} module(s) on {data.get('spec')!r} ({data.get('samples')} samples, "
+            f"{data.get('tokens')} tokens), {cal.get('kv_scales', 0)} KV scale pair(s), "
+            f"{len(cal.get('experts_without_tokens') or [])} expert(s) without tokens")
 
 
 def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult, searched: bool = False) -> None:

@@ -1,0 +1,171 @@
+"""Calibration data -> token id samples ``list[list[int]]`` (each at most ``seq_len`` ids).
+
+Accepted ``--calib-data``:
+
+* ``default``: the text shipped in this package (``default_calibration.txt``: prose, code,
+  dialogue, numbers; written for this project), tokenized, then cut into samples of L tokens,
+  each framed with the tokenizer's special tokens (BOS, or [CLS] ... [SEP]) as served inputs are;
+* ``FILE.jsonl``: one JSON object per line, with ``"input_ids"`` (used as is: no BOS added,
+  truncated to L) or ``"text"`` (tokenized with the checkpoint's own tokenizer, truncated to L);
+* ``FILE.txt``: as ``default`` (a shorter tail is dropped unless it is the only sample);
+* a Hugging Face dataset id already in the local cache (needs ``datasets``; column ``text``).
+
+Every problem is one line naming the file, the line and the rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import resources
+
+from ..errors import CalibrationError, UsageError
+
+DEFAULT = "default"
+
+
+def _err(spec: str, what: str) -> CalibrationError:
+    return CalibrationError(f"--calib-data {spec}: {what}")
+
+
+def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq_len: int) -> tuple[list[list[int]], dict]:
+    """The first `samples` samples of `spec` and a description (spec, sha256, samples, seq_len, tokens)."""
+    if samples < 1:
+        raise UsageError(f"--calib-samples {samples}: must be at least 1")
+    if seq_len < 1:
+        raise UsageError(f"--calib-seq-len {seq_len}: must be at least 1")
+    _TOKENIZERS.clear()  # loaded once per call, never reused across calls (the files may change)
+    if spec == DEFAULT:
+        text = resources.files(__package__).joinpath("default_calibration.txt").read_text(encoding="utf-8")
+        out = _cut_text(root, spec, text, seq_len)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+    elif os.path.isfile(spec):
+        raw = _read(spec)
+        digest = hashlib.sha256(raw).hexdigest()
+        text = _decode(spec, raw)
+        if not text.strip():
+            raise _err(spec, "the file is empty; give at least one sample")
+        out = _jsonl(spec, text, root, seq_len) if spec.endswith(".jsonl") else _cut_text(root, spec, text, seq_len)
+    elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
+    else:
+        out, digest = _dataset(spec, root, seq_len)
+    out = [s for s in out if s][:samples]
+    if not out:
+        raise _err(spec, "no tokens in it; give text or input_ids")
+    _check_vocab(spec, out, vocab_size)
+    return out, {"spec": spec, "sha256": digest, "samples": len(out), "seq_len": seq_len, "tokens": sum(map(len, out))}
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise _err(path, f"cannot read it ({exc.strerror or exc})") from None
+
+
+def _decode(path: str, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _err(path, f"not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+
+
+def _jsonl(path: str, text: str, root: str, seq_len: int) -> list[list[int]]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _err(path, f"line {n}: not valid JSON ({exc.msg}); one JSON object per line") from None
+        if not isinstance(obj, dict) or not ("input_ids" in obj or "text" in obj):
+            raise _err(path, f"line {n}: needs an object with \"input_ids\" (list of ints) or \"text\" (string)")
+        if "input_ids" in obj:
+            ids = obj["input_ids"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise _err(path, f"line {n}: \"input_ids\" must be a non-empty list of integers")
+            out.append(ids[:seq_len])
+        else:
+            if not isinstance(obj["text"], str) or not obj["text"].strip():
+                raise _err(path, f"line {n}: \"text\" must be a non-empty string")
+            out.append(_tokenize(root, path, obj["text"], special=True)[:seq_len])
+    return out
+
+
+def _cut_text(root: str, spec: str, text: str, seq_len: int) -> list[list[int]]:
+    """Tokenize `text` whole, cut it, and frame every piece with the tokenizer's special tokens
+    (BOS; BERT's [CLS] ... [SEP]) as served inputs have them: those positions often carry the
+    largest activations, so a calibration without them would clip them at serve time."""
+    ids = _tokenize(root, spec, text, special=False)
+    head, tail = _frame(_TOKENIZERS[root])
+    extra = len(head) + len(tail)
+    if seq_len <= extra:
+        raise UsageError(f"--calib-seq-len {seq_len}: must exceed the {extra} special token(s) the tokenizer adds")
+    return [head + piece + tail for piece in _cut(ids, seq_len - extra)]
+
+
+def _frame(tok) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer puts before and after a text (found by tokenizing a probe both ways)."""
+    probe = "calibration probe"
+    framed = list(tok(probe, add_special_tokens=True)["input_ids"])
+    plain = list(tok(probe, add_special_tokens=False)["input_ids"])
+    for i in range(len(framed) - len(plain) + 1):
+        if framed[i : i + len(plain)] == plain:
+            return framed[:i], framed[i + len(plain) :]
+    return [], []
+
+
+def _cut(ids: list[int], seq_len: int) -> list[list[int]]:
+    """Consecutive samples of `seq_len` ids; a shorter tail only when it is the only sample."""
+    full = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+    return full or ([ids] if ids else [])
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
+    tok = _TOKENIZERS.get(root)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - a missing or broken tokenizer, in many types
+            raise _err(spec, f"text needs the checkpoint's tokenizer, which {root} does not have or transformers cannot load "
+                             f"({type(exc).__name__}); add tokenizer files or give a .jsonl with \"input_ids\"") from None
+        _TOKENIZERS[root] = tok
+    return list(tok(text, add_special_tokens=special)["input_ids"])
+
+
+def _dataset(spec: str, root: str, seq_len: int) -> tuple[list[list[int]], str]:
+    try:
+        import datasets
+    except ImportError:
+        raise _err(spec, "not a file; a Hugging Face dataset id needs `pip install datasets` (and the dataset in the local cache)") from None
+    try:
+        ds = datasets.load_dataset(spec, split="train", download_mode="reuse_cache_if_exists")
+    except Exception as exc:  # noqa: BLE001
+        raise _err(spec, f"not a file, and no cached Hugging Face dataset of that id ({type(exc).__name__}); "
+                         "give a .jsonl/.txt file or `default`") from None
+    if "text" not in ds.column_names:
+        raise _err(spec, f"the dataset has no \"text\" column (columns: {', '.join(ds.column_names)})")
+    out = []
+    for row in ds:
+        if isinstance(row["text"], str) and row["text"].strip():
+            out.append(_tokenize(root, spec, row["text"], special=True)[:seq_len])
+    return out, hashlib.sha256(f"{spec}@{getattr(ds, '_fingerprint', '')}".encode()).hexdigest()
+
+
+def _check_vocab(spec: str, samples: list[list[int]], vocab_size: int | None) -> None:
+    if not vocab_size:
+        return
+    for n, s in enumerate(samples, 1):
+        bad = [i for i in s if i < 0 or i >= vocab_size]
+        if bad:
+            raise _err(spec, f"sample {n}: token id {bad[0]} is outside the model's vocabulary [0, {vocab_size}); "
+                             "these ids were made for another tokenizer")

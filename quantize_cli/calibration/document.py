@@ -1,0 +1,132 @@
+"""``SCALES.json``: the measured activation amax of a source model, versioned and reusable.
+
+The document stores amax (not scales), so one calibration serves every algorithm: the scale is
+derived when a plan uses it (FP8 ``amax / 448``, NVFP4 ``amax / (6 * 448)``, KV ``amax / 448``).
+Example (docs/calibration.md has the full description)::
+
+    {"format": "quantize-act-scales", "version": 1,
+     "source": {"label": "...", "layout_sha256": "...", "content_sha256": "..."},
+     "data": {"spec": "default", "sha256": "...", "samples": 6, "seq_len": 512, "tokens": 3072},
+     "run": {"dtype": "bfloat16", "device": "cuda:0", "seconds": 12.3, "transformers": "5.24.0"},
+     "modules": {"model.layers.0.self_attn.q_proj": {"amax": 3.84, "tokens": 3072}, ...},
+     "kv": {"model.layers.0.self_attn": {"k_amax": 0.54, "v_amax": 0.62, "tokens": 3072}, ...}}
+
+Module names are the checkpoint's (per expert for MoE: ``...experts.3.gate_proj``); an expert
+that received no token has ``tokens: 0`` and ``amax: 0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from ..checkpoint.safetensors_io import TensorInfo
+from ..errors import CalibrationError, UsageError
+
+FORMAT = "quantize-act-scales"
+VERSION = 1
+
+
+@dataclass
+class ScalesDoc:
+    """In-memory SCALES.json. ``modules[name] = {"amax", "tokens"}``; ``kv[attn] = {"k_amax", "v_amax", "tokens"}``."""
+
+    source: dict
+    data: dict
+    run: dict
+    modules: dict[str, dict] = field(default_factory=dict)
+    kv: dict[str, dict] = field(default_factory=dict)
+    path: str | None = None
+
+    def input_amax(self, module: str) -> tuple[float, int] | None:
+        """(amax, tokens) recorded for Linear `module`, or None when it was not seen."""
+        m = self.modules.get(module)
+        return None if m is None else (float(m["amax"]), int(m.get("tokens", 0)))
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "source": self.source, "data": self.data, "run": self.run,
+                "modules": self.modules, "kv": self.kv}
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.to_json(), f, indent=1, allow_nan=False)
+                f.write("\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise CalibrationError(f"-o {path}: cannot write the scales file ({exc.strerror or exc}); check the folder and permissions") from None
+
+
+def _bad(path: str, what: str) -> CalibrationError:
+    return CalibrationError(f"--act-scales {path}: {what}; make it again with `quantize calibrate SRC --calib-data DATA -o {os.path.basename(path)}`")
+
+
+def load(path: str) -> ScalesDoc:
+    """Read and validate a SCALES.json; every problem is a one-line error naming the file and entry."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(256 << 20)
+        doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float(c))
+    except FileNotFoundError:
+        raise CalibrationError(f"--act-scales {path}: no such file; pass the file `quantize calibrate` wrote") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"not valid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise _bad(path, f"not a {FORMAT} document (no \"format\": \"{FORMAT}\")")
+    if doc.get("version") != VERSION:
+        raise _bad(path, f"version {doc.get('version')!r} is not supported (this quantize reads version {VERSION})")
+    for key in ("source", "data", "run", "modules", "kv"):
+        if not isinstance(doc.get(key), dict):
+            raise _bad(path, f"\"{key}\" is missing or not an object")
+    for name, entry in doc["modules"].items():
+        _check_entry(path, f"modules.{name}", entry, ("amax",))
+    for name, entry in doc["kv"].items():
+        _check_entry(path, f"kv.{name}", entry, ("k_amax", "v_amax"))
+    return ScalesDoc(doc["source"], doc["data"], doc["run"], doc["modules"], doc["kv"], path)
+
+
+def _check_entry(path: str, where: str, entry, keys) -> None:
+    if not isinstance(entry, dict):
+        raise _bad(path, f"{where} is not an object")
+    for k in keys:
+        v = entry.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise _bad(path, f"{where}.{k} = {v!r}: an amax must be a finite number >= 0")
+    t = entry.get("tokens", 0)
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise _bad(path, f"{where}.tokens = {t!r}: must be a count >= 0")
+
+
+def fingerprint(config: dict, tensors: dict[str, TensorInfo], with_content: bool = True) -> dict:
+    """What identifies a source: ``layout_sha256`` (config.json + every tensor's name, dtype,
+    shape) and ``content_sha256`` (plus the first 64 bytes of every tensor's data, one small read
+    each: tells same-shaped fine-tunes apart)."""
+    layout = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        layout.update(f"{name}|{t.dtype}|{list(t.shape)}\n".encode())
+    out = {"layout_sha256": layout.hexdigest()}
+    if with_content:
+        content = hashlib.sha256(out["layout_sha256"].encode())
+        for name in sorted(tensors):
+            t = tensors[name]
+            with open(t.path, "rb") as f:
+                f.seek(t.offset)
+                content.update(f.read(min(64, t.nbytes)))
+        out["content_sha256"] = content.hexdigest()
+    return out
+
+
+def check_source(doc: ScalesDoc, fp: dict, label: str) -> None:
+    """Refuse a scales file made from another source."""
+    mine = doc.source
+    same = mine.get("layout_sha256") == fp["layout_sha256"] and (
+        "content_sha256" not in fp or "content_sha256" not in mine or mine["content_sha256"] == fp["content_sha256"])
+    if not same:
+        raise CalibrationError(f"--act-scales {doc.path}: made from another source ({mine.get('label', '?')}, fingerprint "
+                         f"{str(mine.get('content_sha256') or mine.get('layout_sha256'))[:12]}) than {label} "
+                         f"({(fp.get('content_sha256') or fp['layout_sha256'])[:12]}); calibrate this source: quantize calibrate {label} --calib-data DATA -o SCALES.json")

@@ -1,0 +1,67 @@
+"""The calibration step of ``convert`` and the ``calibrate`` command (library side).
+
+``convert`` calls :func:`scales_for_convert` once, before planning: it returns the ScalesDoc the
+plan resolves (from ``--calib-data``, run now, or ``--act-scales``, read and checked against the
+source), or None for the data-free path, which never imports transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UsageError
+from . import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, calibrate, check_source, fingerprint, load
+from .document import ScalesDoc
+
+
+def _source(src: str, revision, quiet: bool):
+    from ..checkpoint.source import open_source
+    from ..recipe import load_recipe
+
+    source = open_source(src, revision=revision, quiet=quiet)
+    return source, load_recipe(None, source.config.get("model_type"))
+
+
+def run_calibration(src: str, calib_data: str, samples: int, seq_len: int, device: torch.device, budget: int | None,
+                    revision=None, quiet: bool = True, recipe: str | None = None, info=None) -> ScalesDoc:
+    """Open `src` and calibrate it (``quantize calibrate``); `info` prints progress lines."""
+    from ..checkpoint.source import open_source
+    from ..recipe import load_recipe
+
+    source = open_source(src, revision=revision, quiet=quiet)
+    rec = load_recipe(recipe, source.config.get("model_type"))
+    say = info or (lambda msg: None)
+    say(f"calibrating {source.label} on {device} with {calib_data} ({samples} x {seq_len} tokens at most)")
+    doc = calibrate(source, rec, calib_data, samples, seq_len, device, budget,
+                    progress=lambda i, n, s: say(f"  block {i}/{n}: {s:.2f} s"))
+    say(f"calibrated {len(doc.modules)} Linear inputs, {len(doc.kv)} attention K/V on {doc.data['samples']} samples "
+        f"({doc.data['tokens']} tokens) in {doc.run['seconds']:.1f} s")
+    return doc
+
+
+def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
+                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None) -> ScalesDoc | None:
+    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations)."""
+    if calib_data is None and act_scales is None:
+        if calib_samples is not None or calib_seq_len is not None:
+            raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
+        return None
+    if calib_data is not None and act_scales is not None:
+        raise UsageError("--calib-data and --act-scales: give one (calibrate now, or reuse a scales file)")
+    if low_disk:
+        raise UsageError("--low-disk with calibration: the forward needs the whole source on disk; drop --low-disk")
+    from ..schemes import get_scheme
+
+    if get_scheme(algo).static_input_scale is None:
+        (warn or (lambda m: None))(f"{algo} quantizes activations dynamically (or not at all): "
+                                   f"{'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
+        return None
+    if act_scales is not None:
+        doc = load(act_scales)
+        from ..checkpoint.source import open_source
+
+        source = open_source(src, revision=revision, quiet=quiet)
+        check_source(doc, fingerprint(source.config, source.tensors), source.label)
+        return doc
+    return run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN,
+                           device, budget, revision, quiet, recipe, info)

@@ -1,0 +1,73 @@
+"""Tiny transformers models saved in tmp_path (random weights, several shards) and an offline tokenizer."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+import torch
+
+VOCAB = 320
+
+
+def tokenizer(folder: str) -> None:
+    """A byte-level BPE tokenizer trained here on the shipped default text (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    text = resources.files("quantize_cli.calibration").joinpath("default_calibration.txt").read_text(encoding="utf-8")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>").save_pretrained(folder)
+
+
+def save(model, folder: str, shard: str = "40KB", with_tokenizer: bool = True) -> str:
+    model.to(torch.bfloat16).save_pretrained(folder, max_shard_size=shard)
+    if with_tokenizer:
+        tokenizer(folder)
+    assert sum(f.endswith(".safetensors") for f in os.listdir(folder)) > 1
+    return folder
+
+
+def llama(folder: str, seed: int = 0) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=False)
+    return save(LlamaForCausalLM(cfg), folder)
+
+
+def qwen3_moe(folder: str, seed: int = 0) -> str:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, num_experts=8,
+                         num_experts_per_tok=2, tie_word_embeddings=False)
+    return save(Qwen3MoeForCausalLM(cfg), folder)
+
+
+def bert(folder: str, seed: int = 0) -> str:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+                     max_position_embeddings=128)
+    return save(BertModel(cfg), folder, shard="30KB")
+
+
+def deepseek_v3(folder: str, seed: int = 0) -> str:
+    """MLA attention (q/kv LoRA projections), one dense layer then a routed-MoE layer with a shared expert."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                           first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=32,
+                           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, vocab_size=VOCAB,
+                           tie_word_embeddings=False)
+    return save(DeepseekV3ForCausalLM(cfg), folder, with_tokenizer=False)

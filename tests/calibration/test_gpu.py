@@ -1,0 +1,41 @@
+"""Calibration on the GPU (run on the GPU machine: python -m pytest -m gpu tests/calibration)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantize_cli.calibration import calibrate, hooks
+from quantize_cli.checkpoint.source import open_source
+from quantize_cli.recipe import load_recipe
+from tests.calibration import builders
+from tests.calibration.test_streamed import SAMPLES, _jsonl
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("build", [builders.llama, builders.qwen3_moe, builders.deepseek_v3])
+def test_gpu_streamed_equals_whole_model_and_cpu(tmp_path, build):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from transformers import AutoModel
+
+    folder = build(str(tmp_path / "src"))
+    src = open_source(folder)
+    rec_args = (src, load_recipe(None, src.config.get("model_type")), _jsonl(tmp_path / "c.jsonl"))
+    gpu = calibrate(*rec_args, samples=8, seq_len=64, device=torch.device("cuda"))
+    cpu = calibrate(*rec_args, samples=8, seq_len=64, device=torch.device("cpu"))
+    hooks.register()
+    model = AutoModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation=hooks.IMPL).eval().cuda()
+    for mod in model.modules():
+        if hasattr(getattr(mod, "config", None), "_experts_implementation"):
+            mod.config._experts_implementation = hooks.IMPL
+    ref = hooks.Recorder()
+    hooks.attach(ref, model, "model", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
+    with hooks.active(ref), torch.no_grad():
+        for s in SAMPLES:
+            model(input_ids=torch.tensor([s], device="cuda"))
+    for name, stat in ref.inputs.items():  # exact on one device
+        assert gpu.modules[name] == {"amax": stat.amax, "tokens": stat.tokens}, name
+    for name, e in cpu.modules.items():  # bf16 GPU vs CPU kernels: close, not equal
+        assert gpu.modules[name]["amax"] == pytest.approx(e["amax"], rel=0.05), name
