@@ -191,6 +191,9 @@ def convert(
     verify: bool = False,
     low_disk: bool = False,
     console: Console | None = None,
+    push_to_hub: str | None = None,
+    private: bool = False,
+    revision_out: str | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -214,6 +217,9 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
+    from .publish import check_push_options
+
+    check_push_options(push_to_hub, private, revision_out)
     plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
@@ -239,10 +245,14 @@ def convert(
         stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
+        verified = None
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            _verify_before_publishing(dest.partial, None if low_disk else src, con)
+            verified = _verify_before_publishing(dest.partial, None if low_disk else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        _write_card(plan, dest.partial, verified, src, dst, push_to_hub, dict(
+            exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype, max_shard_size=max_shard_size,
+            memory_budget=memory_budget, revision=revision, verify=verify, low_disk=low_disk, private=private, revision_out=revision_out))
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
@@ -260,9 +270,15 @@ def convert(
     doc = run_report(plan, options, stats, timings, dest.dst)
     if report:
         write_json(report, doc)
+    pushed = None
+    if push_to_hub:  # only now: the conversion (and --verify) succeeded and DST is complete
+        from .publish import push_after_convert
+
+        pushed = push_after_convert(dest.dst, push_to_hub, private, revision_out, quiet, doc, report)
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
-    con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
-             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
+    con.info(f"wrote {dest.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
+             f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
+             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)" + (f"; pushed to {pushed['url']}" if pushed else ""))
     return ConvertResult(plan, dest.dst, doc)
 
 
@@ -287,6 +303,18 @@ def _verify_before_publishing(folder: str, src: str | None, con: Console) -> Non
     sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
     detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
+    return res
+
+
+def _write_card(plan: Plan, folder: str, verified, src: str, dst: str, repo: str | None, flags: dict) -> None:
+    """README.md, the model card: how this output was made (card.py), written before DST is published."""
+    from .card import card_facts, command_line, write_card
+
+    command = command_line(src, dst, algo=plan.scheme.algo, push_to_hub=repo, **flags)
+    try:
+        write_card(folder, card_facts(plan, command, verified), repo or dst)
+    except OSError as exc:
+        raise DestinationError(f"{folder}/README.md: cannot write the model card ({exc.strerror}); check space and permissions") from exc
 
 
 def _quantize_fn(dev: torch.device, con: Console):
@@ -366,3 +394,18 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
             shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
         except OSError as exc:
             raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc
+
+
+def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None = None, json: str | None = None,
+         quiet: bool = False, console: Console | None = None) -> dict:
+    """``quantize push``: upload finished checkpoint `dst` to Hub repo `repo_id` (publish.py); a rerun resumes."""
+    from .publish import push as run
+
+    if json:
+        _check_writable(json, "--json")
+    record = run(dst, repo_id, private=private, revision_out=revision_out, quiet=quiet)
+    if json:
+        write_json(json, record)
+    (console or Console(quiet)).info(f"pushed {dst} to {record['url']} ({record['revision']}, commit {record['commit']}): "
+                                     f"{record['files']} file(s), {human_bytes(record['bytes'])}")
+    return record

@@ -91,9 +91,12 @@ def main():
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
+@click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
+@click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
+@click.option("--revision-out", metavar="BRANCH", help="With --push-to-hub: commit to this branch (created if missing).")
 @common
 def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max_shard_size, memory_budget, resume,
-            dry_run, overwrite, report, revision, verify, low_disk, quiet, debug):
+            dry_run, overwrite, report, revision, verify, low_disk, quiet, debug, push_to_hub=None, private=False, revision_out=None):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
     if not dst and not dry_run:
         raise click.UsageError("missing -o DST (or use --dry-run)")
@@ -103,7 +106,8 @@ def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max
 
         return run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,
             max_shard_size=max_shard_size, memory_budget=memory_budget, resume=resume, dry_run=dry_run,
-            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk)
+            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk,
+            push_to_hub=push_to_hub, private=private, revision_out=revision_out)
 
     _run(debug, go)
     _fast_exit()
@@ -175,13 +179,32 @@ def unpack(dst, output, overwrite, quiet, debug):
 @main.command(context_settings=CONTEXT)
 @click.argument("path")
 @common
-def inspect(path, quiet, debug):
-    """A short summary of checkpoint folder PATH (headers only): dtypes, sizes, quantization."""
+@click.option("--revision", help="Hub revision when PATH is a repo id.")
+def inspect(path, quiet, debug, revision=None):
+    """A short summary of checkpoint PATH, a folder or Hub repo id (headers only): dtypes, sizes, quantization."""
 
     def go():
         from .inspect_checkpoint import inspect_checkpoint
 
-        click.echo(inspect_checkpoint(path))
+        click.echo(inspect_checkpoint(path, revision=revision))
+
+    _run(debug, go)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("dst")
+@click.argument("repo_id")
+@click.option("--private", is_flag=True, help="Create the repo private.")
+@click.option("--revision-out", metavar="BRANCH", help="Commit to this branch (created if missing).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the publish record as JSON (docs/ci.md).")
+@common
+def push(dst, repo_id, private, revision_out, json_path, quiet, debug):
+    """Upload finished checkpoint DST to Hub repo REPO_ID (created if missing; a rerun resumes)."""
+
+    def go():
+        from .api import push as run
+
+        run(dst, repo_id, private=private, revision_out=revision_out, json=json_path, quiet=quiet)
 
     _run(debug, go)
 

@@ -80,3 +80,7 @@ def format_error(err: QuantizeError, limit: int = 20) -> str:
     if len(err.details) > limit:
         lines.append(f"  ... and {len(err.details) - limit} more (see --report / --json)")
     return "\n".join(lines)
+
+
+class PublishError(QuantizeError):
+    """Publishing to the Hub failed (no token, bad repo, network); the local output is complete."""
