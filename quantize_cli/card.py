@@ -227,7 +227,7 @@ def retarget_card(folder: str, facts: dict, repo: str) -> bool:
     head, rest = text.split(_SERVE_START, 1)
     _, tail = rest.split(_MARKER, 1)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(head + _serve_block(facts, repo) + _MARKER + tail)
+        f.write(head + _serve_block(facts, repo) + "\n" + _MARKER + tail)
     return True
 
 

@@ -35,6 +35,8 @@ class FakeHub:
         self.puts: list[str] = []  # LFS object names PUT successfully, in order
         self.drop_puts: set[str] = set()
         self.echo_token_status: int | None = None
+        self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit oid
+        self.validated_yaml: list[str] = []  # card metadata sent to /api/validate-yaml
         self.lfs_paths = tuple(lfs_paths)
         self._lock = threading.Lock()
         self._pending: dict[str, str] = {}  # sha256 -> file name (for faults and logs)
@@ -101,6 +103,16 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo}"})
                 hub.repos[repo] = {"private": doc.get("visibility") == "private", "branches": {"main": {}}}
             return self._send(200, {"url": f"{hub.url}/{repo}", "name": repo})
+        if path == "/api/validate-yaml":  # model card metadata: must be a YAML mapping
+            import yaml
+
+            doc = json.loads(body)
+            with self.hub._lock:
+                self.hub.validated_yaml.append(doc.get("content", ""))
+            text = doc.get("content") or ""
+            parts = text.split("---\n", 2) if text.startswith("---\n") else ["", "", ""]
+            meta = yaml.safe_load(parts[1]) if len(parts) == 3 else None
+            return self._send(200 if isinstance(meta, dict) else 400, {} if isinstance(meta, dict) else {"error": "not a mapping"})
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) >= 6:
             repo, action, rev = f"{parts[2]}/{parts[3]}", parts[4], "/".join(parts[5:])
@@ -116,6 +128,17 @@ class _Handler(BaseHTTPRequestHandler):
         if path.endswith(".git/info/lfs/objects/batch"):
             return self._batch(json.loads(body))
         return self._send(404, {"error": f"fake hub: no route for POST {path}"})
+
+    def do_GET(self):
+        self._log()
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
+            repo, rev = f"{parts[2]}/{parts[3]}", "/".join(parts[5:])
+            if repo in self.hub.repos and rev in self.hub.repos[repo]["branches"]:
+                return self._send(200, {"id": repo, "sha": self.hub.heads.get((repo, rev), "0" * 40),
+                                        "private": self.hub.repos[repo]["private"]})
+            return self._send(404, {"error": "Revision not found"})
+        return self._send(404, {"error": f"fake hub: no route for GET {self.path}"})
 
     def do_PUT(self):
         self._log()
@@ -170,6 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
             branch = self.hub.repos[repo]["branches"].setdefault(rev, {})
             branch.update(new)
             oid = hashlib.sha1(repr(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in branch.items())).encode()).hexdigest()
+            self.hub.heads[(repo, rev)] = oid
         return self._send(200, {"commitUrl": f"{self.hub.url}/{repo}/commit/{oid}", "commitOid": oid, "success": True})
 
 
