@@ -128,14 +128,16 @@ def _split_source_card(text: str | None) -> tuple[dict, str]:
     """(front matter dict, body) of a source card; ({}, "") when there is none."""
     if not text or not text.strip():
         return {}, ""
-    if _MARKER in text:  # our own card (an output converted again, or rewritten): keep only what was below
-        text = text.split(_MARKER, 1)[1].split(_SOURCE_HEADING, 1)[-1] if _SOURCE_HEADING in text else ""
-    if not text.lstrip().startswith("---"):
-        return {}, text.strip()
-    from huggingface_hub import ModelCard
+    meta, body = {}, text.strip()
+    if text.lstrip().startswith("---"):
+        from huggingface_hub import ModelCard
 
-    card = ModelCard(text, ignore_metadata_errors=True)
-    return card.data.to_dict(), card.text.strip()
+        card = ModelCard(text, ignore_metadata_errors=True)
+        meta, body = card.data.to_dict(), card.text.strip()
+    if _MARKER in body:  # our own card (rendered again): its metadata, and only the source card below it
+        tail = body.split(_MARKER, 1)[1]
+        body = tail.split(_SOURCE_HEADING, 1)[1].strip() if _SOURCE_HEADING in tail else ""
+    return meta, body
 
 
 def front_matter(facts: dict, source_meta: dict) -> dict:
@@ -163,16 +165,20 @@ def front_matter(facts: dict, source_meta: dict) -> dict:
 def serve_lines(facts: dict, repo: str) -> list[str]:
     """Shell lines that serve this checkpoint, for the loaders that take its algorithm and format."""
     algos = set(facts["algos"])
+    fmt = facts.get("format", "modelopt")
     if facts.get("layout") not in (None, "plain"):
         return [f"# packed '{facts['layout']}' layout: no stock loader reads it (docs/layouts.md);",
                 "# serve the plain checkpoint instead:", f"quantize unpack {repo} -o plain-checkpoint"]
     kv = " --kv-cache-dtype fp8" if facts.get("kv_cache_dtype") else ""
     lines = []
-    if algos <= _VLLM:
+    # Only what was checked: one ModelOpt algorithm per checkpoint for TensorRT-LLM and SGLang; a mix
+    # of algorithms (vLLM's modelopt_mixed) or another format (compressed-tensors, vLLM's own) -> vLLM.
+    single = len(algos) == 1 and fmt == "modelopt"
+    if algos <= _VLLM or fmt != "modelopt":
         lines.append(f"vllm serve {repo}{kv}   # vLLM reads the quantization from config.json")
-    if algos <= _TRTLLM:
+    if single and algos <= _TRTLLM:
         lines.append(f"trtllm-serve {repo}   # TensorRT-LLM reads hf_quant_config.json")
-    if algos <= _SGLANG:
+    if single and algos <= _SGLANG:
         lines.append(f"python -m sglang.launch_server --model-path {repo}")
     return lines or [f"# no stock loader is known to serve {', '.join(sorted(algos))} in this format"]
 
@@ -189,8 +195,8 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     out = [f"---\n{meta}\n---", f"# {title}", ""]
     base = facts.get("base_model")
     origin = f"[{base}](https://huggingface.co/{base})" if base else f"`{facts['source']}`"
-    out += [f"A quantized version of {origin}, written by [quantize](https://pypi.org/project/quantize/) "
-            f"{facts['tool']['version']} in the NVIDIA ModelOpt checkpoint format ({facts['format']})."
+    out += [f"A quantized version of {origin}, written by quantize {facts['tool']['version']} "
+            f"in the NVIDIA ModelOpt checkpoint format (`quant_method: modelopt`)."
             if facts["format"] == "modelopt" else
             f"A quantized version of {origin}, written by quantize {facts['tool']['version']} in the {facts['format']} format.", ""]
     out += ["## How it was made", "", "```bash", facts["command"], "```", ""]
