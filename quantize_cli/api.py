@@ -268,6 +268,10 @@ def convert(
         dest.discard()
         raise
     doc = run_report(plan, options, stats, timings, dest.dst)
+    if verified is not None:  # --verify's outcome, as the card states it
+        from .card import verify_summary
+
+        doc["verify"] = verify_summary(verified, lambda _m: plan.scheme.algo)
     if report:
         write_json(report, doc)
     pushed = None

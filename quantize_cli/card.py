@@ -91,17 +91,20 @@ def sqnr_by_algo(errors_by_tensor: dict[str, dict], algo_of) -> dict[str, dict]:
                    "min": min(rows)[0], "worst": min(rows)[1]} for algo, rows in sorted(groups.items())}
 
 
+def verify_summary(verify_result, algo_of) -> dict:
+    """``{"errors", "warnings", "compared_with_source", "sqnr_db": {ALGO: ...}}`` of a VerifyResult."""
+    per_algo = sqnr_by_algo(verify_result.errors_by_tensor, algo_of)
+    return {"errors": len(verify_result.errors), "warnings": len(verify_result.warnings),
+            "compared_with_source": bool(per_algo), "sqnr_db": per_algo}
+
+
 def card_facts(plan, command: str, verify_result=None, calibration: dict | None = None, fmt: str = "modelopt") -> dict:
     """The facts of a finished conversion of `plan` (see the module docstring)."""
     from .classify import LINEAR
 
     quantized = [m for m in plan.modules.values() if m.quantize]
     algo = plan.scheme.algo
-    verify = None
-    if verify_result is not None:
-        per_algo = sqnr_by_algo(verify_result.errors_by_tensor, lambda _m: algo)
-        verify = {"errors": len(verify_result.errors), "warnings": len(verify_result.warnings),
-                  "compared_with_source": bool(per_algo), "sqnr_db": per_algo}
+    verify = verify_summary(verify_result, lambda _m: algo) if verify_result is not None else None
     if calibration is None and plan.scheme.static_input_scale is not None:
         calibration = {"calibrated": False, "input_scale": plan.scheme.static_input_scale,
                        "note": "no calibration data: the calibration-free constant ModelOpt writes (activation amax 448)"}

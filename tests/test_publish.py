@@ -60,6 +60,7 @@ def test_convert_verify_push_publishes_the_verified_checkpoint_and_its_card(hub,
     doc = json.load(open(report))
     assert doc["publish"]["status"] == "ok" and doc["publish"]["repo_id"] == "me/model-FP8"
     assert doc["publish"]["commit"] and doc["publish"]["files"] == len(local_files(dst))
+    assert doc["verify"]["errors"] == 0 and doc["verify"]["sqnr_db"]["FP8_PB_WO"]["tensors"] == 14
 
 
 def test_default_pipeline_and_revision_out_commit_to_a_new_branch(hub, tiny_llama, tmp_path):
