@@ -250,7 +250,9 @@ def convert(
             # --low-disk dropped every source shard: compare with the source only when it is on disk
             verified = _verify_before_publishing(dest.partial, None if low_disk else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
-        _write_card(plan, dest.partial, verified, src, dst, push_to_hub, dict(
+        from .card import write_conversion_card  # README.md: how this output was made
+
+        write_conversion_card(plan, dest.partial, verified, src, dst, push_to_hub, dict(
             exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype, max_shard_size=max_shard_size,
             memory_budget=memory_budget, revision=revision, verify=verify, low_disk=low_disk, private=private, revision_out=revision_out))
         timings["total_s"] = time.perf_counter() - t0
@@ -308,17 +310,6 @@ def _verify_before_publishing(folder: str, src: str | None, con: Console) -> Non
     detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
     return res
-
-
-def _write_card(plan: Plan, folder: str, verified, src: str, dst: str, repo: str | None, flags: dict) -> None:
-    """README.md, the model card: how this output was made (card.py), written before DST is published."""
-    from .card import card_facts, command_line, write_card
-
-    command = command_line(src, dst, algo=plan.scheme.algo, push_to_hub=repo, **flags)
-    try:
-        write_card(folder, card_facts(plan, command, verified), repo or dst)
-    except OSError as exc:
-        raise DestinationError(f"{folder}/README.md: cannot write the model card ({exc.strerror}); check space and permissions") from exc
 
 
 def _quantize_fn(dev: torch.device, con: Console):

@@ -313,3 +313,18 @@ def write_card(folder: str, facts: dict, repo: str | None = None) -> str:
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+def write_conversion_card(plan, folder: str, verified, src: str, dst: str, repo: str | None, flags: dict) -> None:
+    """convert: write the card of `plan`'s output into work folder `folder`, before DST is published.
+
+    `verified`: --verify's VerifyResult or None; `repo`: --push-to-hub or None; `flags`: convert's
+    other keywords (for the command line).
+    """
+    from .errors import DestinationError
+
+    command = command_line(src, dst, algo=plan.scheme.algo, push_to_hub=repo, **flags)
+    try:
+        write_card(folder, card_facts(plan, command, verified), repo or dst)
+    except OSError as exc:
+        raise DestinationError(f"{folder}/README.md: cannot write the model card ({exc.strerror}); check space and permissions") from exc

@@ -49,3 +49,13 @@ def test_inspect_refuses_what_is_neither_folder_nor_repo_id(tmp_path):
         inspect_checkpoint(str(tmp_path / "missing"))
     with pytest.raises(SourceError, match="not a folder or a Hub repo id"):
         inspect_checkpoint("just-a-name")
+
+
+def test_a_hub_source_is_the_cards_base_model(fake_hub, tmp_path):  # noqa: F811
+    from huggingface_hub import ModelCard
+
+    convert("someone/tiny-llama", str(tmp_path / "o"), algo="FP8", low_disk=True, quiet=True)
+    card = ModelCard.load(str(tmp_path / "o" / "README.md"))
+    assert card.data.base_model == "someone/tiny-llama" and card.data.base_model_relation == "quantized"
+    assert "A quantized version of [someone/tiny-llama](https://huggingface.co/someone/tiny-llama)" in card.text
+    assert f"quantize convert someone/tiny-llama -o {tmp_path / 'o'} --algo FP8 --low-disk" in card.text
