@@ -116,6 +116,12 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
         algo = ((quant_config.get("quantization") or {}).get("quant_algo")) or "quantized"
         info = api.upload_folder(repo_id=repo_id, folder_path=dst, repo_type="model", revision=revision_out,
                                  ignore_patterns=list(IGNORE), commit_message=f"{algo} checkpoint written by quantize {__version__}")
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM mid-upload: say what is safe, then exit 130 as usual
+        import sys
+
+        print(f"warning: upload to {repo_id} interrupted; {dst} is complete; rerun `quantize push {dst} {repo_id}` to resume",
+              file=sys.stderr, flush=True)
+        raise
     except Exception as exc:  # noqa: BLE001 - network, HTTP and Hub errors all mean "not published yet"
         raise PublishError(f"{repo_id}: {step} failed ({_why(exc)}); {dst} is complete; check the network and token, "
                            f"then rerun `quantize push {dst} {repo_id}` to resume") from exc
