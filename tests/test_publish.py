@@ -194,3 +194,20 @@ def test_torch_is_not_needed_to_import_publish():
     assert out == ["False", "False"]
     assert torch  # keeps the import used: this module itself needs torch for the fixtures
     assert huggingface_hub
+
+
+def test_a_failed_verify_never_uploads(hub, tiny_llama, tmp_path, monkeypatch):
+    import quantize_cli.verify as verify_mod
+    from quantize_cli.errors import CheckFailed
+
+    real = verify_mod.verify_checkpoint
+
+    def failing(folder, source=None):
+        res = real(folder, source)
+        res.add("error", "tensors", "model.layers.0.mlp.up_proj.weight", "injected: a finding verify would raise")
+        return res
+
+    monkeypatch.setattr(verify_mod, "verify_checkpoint", failing)
+    with pytest.raises(CheckFailed, match="--verify found 1 error"):
+        convert(tiny_llama, str(tmp_path / "o"), algo="FP8_PB_WO", verify=True, push_to_hub="me/m", quiet=True)
+    assert hub.requests == [] and not os.path.exists(tmp_path / "o")
