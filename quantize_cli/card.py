@@ -107,7 +107,7 @@ def card_facts(plan, command: str, verify_result=None, calibration: dict | None 
     verify = verify_summary(verify_result, lambda _m: algo) if verify_result is not None else None
     if calibration is None and plan.scheme.static_input_scale is not None:
         calibration = {"calibrated": False, "input_scale": plan.scheme.static_input_scale,
-                       "note": "no calibration data: the calibration-free constant ModelOpt writes (activation amax 448)"}
+                       "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
     label = plan.source.label
     return {
         "tool": {"name": "quantize", "version": __version__},
@@ -269,7 +269,9 @@ def _calibration_section(cal: dict | None) -> list[str]:
     elif cal.get("calibrated"):
         lines.append(f"Calibrated on `{cal.get('dataset')}`: {cal.get('samples')} sample(s) of {cal.get('seq_len')} token(s).")
     else:
-        lines.append(f"Not calibrated: `input_scale` = {cal.get('input_scale')} ({cal.get('note', 'calibration-free constant')}).")
+        value = cal.get("input_scale")
+        shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
+        lines.append(f"Not calibrated: every `input_scale` is {shown}, {cal.get('note', 'a calibration-free constant')}.")
     return lines + [""]
 
 

@@ -106,7 +106,7 @@ def test_convert_writes_the_card_and_keeps_the_source_card_below(tiny_llama, tmp
     text = card.text
     assert f"quantize convert {tiny_llama} -o {dst} --algo NVFP4 --exclude 'model.layers.0.mlp.*'" in text
     assert "| `model.layers.0.mlp.down_proj` | kept: --exclude 'model.layers.0.mlp.*' |" in text
-    assert "Not calibrated: `input_scale` = " in text  # NVFP4's static global activation scale
+    assert "Not calibrated: every `input_scale` is 0.166667, the calibration-free constant" in text  # NVFP4: static global scale
     assert text.rstrip().endswith("The original model card text.")
 
 
