@@ -8,11 +8,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("convert", "check", "verify", "unpack"):
+    if name in ("convert", "check", "verify", "unpack", "push"):
         from . import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'quantize_cli' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "convert", "check", "verify", "unpack"]
+__all__ = ["__version__", "convert", "check", "verify", "unpack", "push"]

@@ -216,6 +216,9 @@ def convert(
     calib_samples: int | None = None,
     calib_seq_len: int | None = None,
     act_scales: str | None = None,
+    push_to_hub: str | None = None,
+    private: bool = False,
+    revision_out: str | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -240,6 +243,9 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
+    from .publish import check_push_options
+
+    check_push_options(push_to_hub, private, revision_out)
     doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
     plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, scale_search,
                    act_scales=doc)
@@ -270,10 +276,16 @@ def convert(
         stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
+        verified = None
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            _verify_before_publishing(dest.partial, None if low_disk else src, con)
+            verified = _verify_before_publishing(dest.partial, None if low_disk else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        from .card import write_conversion_card  # README.md: how this output was made
+
+        write_conversion_card(plan, dest.partial, verified, src, dst, push_to_hub, dict(
+            exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype, max_shard_size=max_shard_size,
+            memory_budget=memory_budget, revision=revision, verify=verify, low_disk=low_disk, private=private, revision_out=revision_out))
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
@@ -289,11 +301,21 @@ def convert(
         dest.discard()
         raise
     doc = run_report(plan, options, stats, timings, dest.dst)
+    if verified is not None:  # --verify's outcome, as the card states it
+        from .card import verify_summary
+
+        doc["verify"] = verify_summary(verified, lambda _m: plan.scheme.algo)
     if report:
         write_json(report, doc)
+    pushed = None
+    if push_to_hub:  # only now: the conversion (and --verify) succeeded and DST is complete
+        from .publish import push_after_convert
+
+        pushed = push_after_convert(dest.dst, push_to_hub, private, revision_out, quiet, doc, report)
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
-    con.info(f"wrote {dest.dst}: {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s), "
-             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)")
+    con.info(f"wrote {dest.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
+             f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
+             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)" + (f"; pushed to {pushed['url']}" if pushed else ""))
     return ConvertResult(plan, dest.dst, doc)
 
 
@@ -347,6 +369,7 @@ def _verify_before_publishing(folder: str, src: str | None, con: Console) -> Non
     sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
     detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
+    return res
 
 
 def _quantize_fn(dev: torch.device, con: Console):
@@ -430,3 +453,18 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
             shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
         except OSError as exc:
             raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc
+
+
+def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None = None, json: str | None = None,
+         quiet: bool = False, console: Console | None = None) -> dict:
+    """``quantize push``: upload finished checkpoint `dst` to Hub repo `repo_id` (publish.py); a rerun resumes."""
+    from .publish import push as run
+
+    if json:
+        _check_writable(json, "--json")
+    record = run(dst, repo_id, private=private, revision_out=revision_out, quiet=quiet)
+    if json:
+        write_json(json, record)
+    (console or Console(quiet)).info(f"pushed {dst} to {record['url']} ({record['revision']}, commit {record['commit']}): "
+                                     f"{record['files']} file(s), {human_bytes(record['bytes'])}")
+    return record

@@ -94,6 +94,7 @@ class CheckResult(FindingsResult):
     def to_json(self) -> dict:
         p = self.plan
         return {
+            "schema_version": 1,  # docs/ci.md: bumped when a key is removed or changes meaning
             "command": "check",
             "source": p.source.label,
             "algo": p.scheme.algo,

@@ -102,6 +102,9 @@ def main():
               help="mse: per group, the candidate scale with the least squared error (docs/accuracy.md); none: ModelOpt's bytes.")
 @calib_options
 @click.option("--act-scales", metavar="SCALES.json", help="Reuse activation scales made by `quantize calibrate` from this SRC.")
+@click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
+@click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
+@click.option("--revision-out", metavar="BRANCH", help="With --push-to-hub: commit to this branch (created if missing).")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
@@ -188,13 +191,32 @@ def unpack(dst, output, overwrite, quiet, debug):
 @main.command(context_settings=CONTEXT)
 @click.argument("path")
 @common
-def inspect(path, quiet, debug):
-    """A short summary of checkpoint folder PATH (headers only): dtypes, sizes, quantization."""
+@click.option("--revision", help="Hub revision when PATH is a repo id.")
+def inspect(path, quiet, debug, revision=None):
+    """A short summary of checkpoint PATH, a folder or Hub repo id (headers only): dtypes, sizes, quantization."""
 
     def go():
         from .inspect_checkpoint import inspect_checkpoint
 
-        click.echo(inspect_checkpoint(path))
+        click.echo(inspect_checkpoint(path, revision=revision))
+
+    _run(debug, go)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("dst")
+@click.argument("repo_id")
+@click.option("--private", is_flag=True, help="Create the repo private.")
+@click.option("--revision-out", metavar="BRANCH", help="Commit to this branch (created if missing).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the publish record as JSON (docs/ci.md).")
+@common
+def push(dst, repo_id, private, revision_out, json_path, quiet, debug):
+    """Upload finished checkpoint DST to Hub repo REPO_ID (created if missing; a rerun resumes)."""
+
+    def go():
+        from .api import push as run
+
+        run(dst, repo_id, private=private, revision_out=revision_out, json=json_path, quiet=quiet)
 
     _run(debug, go)
 

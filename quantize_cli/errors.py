@@ -84,3 +84,7 @@ def format_error(err: QuantizeError, limit: int = 20) -> str:
 
 class CalibrationError(QuantizeError):
     """Calibration data, a scales file or the calibration run is unusable (exit 1)."""
+
+
+class PublishError(QuantizeError):
+    """Publishing to the Hub failed (no token, bad repo, network); the local output is complete."""

@@ -1,4 +1,8 @@
-"""``quantize inspect PATH``: a short summary of any safetensors checkpoint (headers only)."""
+"""``quantize inspect PATH``: a short summary of any safetensors checkpoint (headers only).
+
+PATH is a folder or a Hub repo id; for a repo id only config.json, hf_quant_config.json and the
+safetensors headers are fetched (ranged requests), never the weights.
+"""
 
 from __future__ import annotations
 
@@ -11,28 +15,52 @@ from .errors import SourceError
 from .report import human_bytes
 
 
-def inspect_checkpoint(path: str) -> str:
+def inspect_checkpoint(path: str, revision: str | None = None) -> str:
     """Model type, shards, tensors by dtype (count and bytes), and any quantization config."""
-    if not os.path.isdir(path):
-        raise SourceError(f"{path}: not a folder; inspect takes a checkpoint folder")
-    shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not shards:
-        raise SourceError(f"{path}: no *.safetensors files")
+    if os.path.isdir(path):
+        shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not shards:
+            raise SourceError(f"{path}: no *.safetensors files")
+        infos = [t for f in shards for t in read_header(os.path.join(path, f)).tensors.values()]
+        config, nested = _json(os.path.join(path, "config.json")), _json(os.path.join(path, "hf_quant_config.json"))
+    else:
+        from .checkpoint.source import _REPO_ID
+
+        if os.path.exists(path) or path.startswith((".", "/", "~")) or not _REPO_ID.match(path) or "/" not in path:
+            raise SourceError(f"{path}: not a folder or a Hub repo id (owner/name); inspect takes a checkpoint folder or repo id")
+        config, tensors, shards, nested = _hub(path, revision)
+        infos = list(tensors.values())
+    return summary(path, len(shards), infos, config, nested)
+
+
+def _hub(repo_id: str, revision: str | None):
+    from .checkpoint.hub import hub_headers
+
+    config, tensors, shards = hub_headers(repo_id, revision)
+    nested = None
+    try:  # optional: only ModelOpt checkpoints have it
+        from huggingface_hub import hf_hub_download
+
+        nested = _json(hf_hub_download(repo_id, "hf_quant_config.json", revision=revision))
+    except Exception:  # noqa: BLE001 - absent or unreachable: report what config.json says
+        nested = None
+    return config, tensors, shards, nested
+
+
+def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict | None) -> str:
+    """The inspect text for tensors `infos` (TensorInfo) and the checkpoint's two config documents."""
     by_dtype: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     total = 0
-    for f in shards:
-        for t in read_header(os.path.join(path, f)).tensors.values():
-            by_dtype[t.dtype][0] += 1
-            by_dtype[t.dtype][1] += t.nbytes
-            total += t.nbytes
-    lines = [f"{path}: {len(shards)} shard(s), {sum(c for c, _ in by_dtype.values())} tensors, {human_bytes(total)}"]
-    config = _json(os.path.join(path, "config.json"))
+    for t in infos:
+        by_dtype[t.dtype][0] += 1
+        by_dtype[t.dtype][1] += t.nbytes
+        total += t.nbytes
+    lines = [f"{label}: {n_shards} shard(s), {sum(c for c, _ in by_dtype.values())} tensors, {human_bytes(total)}"]
     if config:
         lines.append(f"model_type {config.get('model_type')!r}, {config.get('num_hidden_layers')} layers, "
                      f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
     lines += [f"  {dtype:<8} {count:>6} tensors  {human_bytes(size)}" for dtype, (count, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
-    nested = _json(os.path.join(path, "hf_quant_config.json"))
     if quant or nested:
         q = (nested or {}).get("quantization") or quant or {}
         excl = q.get("exclude_modules", q.get("ignore", []))

@@ -9,6 +9,9 @@ import statistics
 
 from . import __version__
 
+# Bumped when a key of the --report document is removed or changes meaning (docs/ci.md).
+REPORT_SCHEMA_VERSION = 1
+
 
 def human_bytes(n: int | float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -105,6 +108,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         summary.update(_search_summary(tensors))
     total = timings.get("total_s") or 0
     doc = {
+        "schema_version": REPORT_SCHEMA_VERSION,
         "converter": {"name": "quantize", "version": __version__},
         "status": status,
         "error": error,

@@ -114,3 +114,6 @@ def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
         if name in _SKIP or name.endswith(".safetensors") or name.startswith(".") or not os.path.isfile(path):
             continue
         shutil.copyfile(path, os.path.join(folder, name))
+    from .card import mark_unpacked
+
+    mark_unpacked(folder, nested, os.path.basename(src.rstrip("/")))  # the copied card: plain layout, serve lines

@@ -48,6 +48,7 @@ class VerifyResult(FindingsResult):
 
     def to_json(self) -> dict:
         return {
+            "schema_version": 1,  # docs/ci.md: bumped when a key is removed or changes meaning
             "command": "verify", "path": self.path, "algo": self.algo, "ok": not self.errors,
             "summary": {"errors": len(self.errors), "warnings": len(self.warnings), "quantized_modules": len(self.quantized)},
             "findings": [f.to_json() for f in self.findings],

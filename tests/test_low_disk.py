@@ -63,7 +63,7 @@ def test_low_disk_gives_the_same_bytes_with_at_most_two_shards_on_disk(fake_hub,
     convert("someone/tiny-llama", str(tmp_path / "out"), algo=algo, quiet=True, low_disk=True)
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert sorted(os.listdir(ref)) == sorted(os.listdir(out))
-    for f in os.listdir(ref):
+    for f in set(os.listdir(ref)) - {"README.md"}:  # the model card names its own source and DST
         assert (ref / f).read_bytes() == (out / f).read_bytes(), f
     assert state["weights_downloaded"] == 4 and 1 <= state["peak"] <= 2
     assert not any(os.path.exists(p) for p in state["on_disk"])  # every shard dropped after use

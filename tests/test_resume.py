@@ -10,7 +10,8 @@ from quantize_cli.errors import DestinationError
 
 
 def files(folder):
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+    # README.md (the model card) names its own DST and command, so it differs between any two outputs
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "README.md"}
 
 
 def interrupt_after(monkeypatch, n):

@@ -19,6 +19,14 @@ from .source import Source, refuse_quantized
 
 def open_hub_headers(repo_id: str, revision: str | None = None) -> Source:
     """A :class:`Source` for `repo_id` built from remote headers (tensor data is never fetched)."""
+    config, tensors, files = hub_headers(repo_id, revision)
+    source = Source(repo_id, "", config, tensors, files, [], from_hub=True)
+    refuse_quantized(source)
+    return source
+
+
+def hub_headers(repo_id: str, revision: str | None = None) -> tuple[dict, dict[str, TensorInfo], list[str]]:
+    """(config.json, tensor infos by name, shard file names) of Hub repo `repo_id`, from headers only."""
     try:
         from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
@@ -40,9 +48,7 @@ def open_hub_headers(repo_id: str, revision: str | None = None) -> Source:
             tensors[name] = TensorInfo(name, t.dtype, shape, f"hub://{repo_id}/{fname}", begin, nbytes_of(t.dtype, shape))
     if not isinstance(config, dict) or not tensors:
         raise SourceError(f"{repo_id}: no config.json object or no safetensors tensors on the Hub")
-    source = Source(repo_id, "", config, tensors, sorted(meta.files_metadata), [], from_hub=True)
-    refuse_quantized(source)
-    return source
+    return config, tensors, sorted(meta.files_metadata)
 
 
 class LazyShards:

@@ -1,0 +1,37 @@
+"""docs/ci.md is a pipeline a user can copy: its shell script and its report gate run as written."""
+
+import os
+import re
+import subprocess
+import sys
+
+from .fakehub import FakeHub
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "ci.md")
+TOKEN = "hf_" + "Zk" * 17
+
+
+def blocks(lang):
+    return re.findall(rf"```{lang}\n(.*?)```", open(DOC).read(), flags=re.S)
+
+
+def test_the_shell_script_and_the_gate_publish_a_verified_checkpoint(tmp_path):
+    script = next(b for b in blocks("bash") if b.startswith("#!/usr/bin/env bash"))
+    gate = re.search(r"python - <<'EOF'\n(.*?)\n\s*EOF", blocks("yaml")[0], flags=re.S).group(1)
+    gate = "\n".join(line[10:] for line in gate.splitlines())  # the YAML block's indentation
+    (tmp_path / "quantize.sh").write_text(script)
+    server = FakeHub().start()
+    try:
+        bindir = os.path.dirname(sys.executable)
+        env = {**os.environ, "HF_ENDPOINT": server.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1",
+               "HF_HOME": str(tmp_path / "hf"), "WORK": str(tmp_path / "w"), "PATH": f"{bindir}:{os.environ['PATH']}"}
+        run = subprocess.run(["bash", str(tmp_path / "quantize.sh"), "example:tiny-llama", "FP8_PB_WO", "me/tiny-FP8"],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert run.returncode == 0, run.stderr
+        out = tmp_path / "w" / "out"
+        assert server.files("me/tiny-FP8") == {f: (out / f).read_bytes() for f in os.listdir(out) if not f.startswith(".")}
+        g = subprocess.run([sys.executable, "-"], input=gate, capture_output=True, text=True, cwd=tmp_path / "w", timeout=60)
+        assert g.returncode == 0 and g.stdout.startswith("ok: "), g.stdout + g.stderr
+        assert TOKEN not in run.stdout + run.stderr
+    finally:
+        server.stop()
