@@ -191,6 +191,8 @@ def convert(
     verify: bool = False,
     low_disk: bool = False,
     console: Console | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -204,7 +206,7 @@ def convert(
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
-    dev = resolve_device(device)
+    dev = resolve_device(device) if executor == "local" else _ray().check_options(executor, device)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     if not dry_run:
@@ -214,7 +216,9 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
+                   low_disk or (executor == "ray" and on_hub))
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
@@ -236,7 +240,11 @@ def convert(
     dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
+        if executor == "ray":
+            stats = _ray().execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
+                                   on_hub and (src, revision, low_disk), ray_address)
+        else:
+            stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
@@ -258,6 +266,8 @@ def convert(
         dest.discard()
         raise
     doc = run_report(plan, options, stats, timings, dest.dst)
+    if getattr(stats, "ray", None):
+        doc["ray"] = stats.ray
     if report:
         write_json(report, doc)
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
@@ -301,6 +311,18 @@ def _quantize_fn(dev: torch.device, con: Console):
     return None
 
 
+def _ray():
+    """--executor ray lives in its own room (executors/); Ray itself is imported only there."""
+    from .executors import ray_executor
+
+    return ray_executor
+
+
+def executor_sizes(budget: int) -> dict:
+    """How the executor splits `budget` (--memory-budget): chunk, held-group and in-flight bytes."""
+    return dict(chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5, budget_bytes=budget)
+
+
 def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict,
              hub=None):
     from tqdm import tqdm
@@ -310,8 +332,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
     fp = journal_mod.fingerprint(plan, options)
-    executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
-                        budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+    executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=_quantize_fn(dev, con), measure_error=measure)
     if earlier:
         writer.open(fresh=False)
         done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)

@@ -91,9 +91,12 @@ def main():
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="ray: output shards written by Ray tasks across processes, GPUs and machines (docs/scale-out.md).")
+@click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance).")
 @common
 def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max_shard_size, memory_budget, resume,
-            dry_run, overwrite, report, revision, verify, low_disk, quiet, debug):
+            dry_run, overwrite, report, revision, verify, low_disk, executor, ray_address, quiet, debug):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
     if not dst and not dry_run:
         raise click.UsageError("missing -o DST (or use --dry-run)")
@@ -103,7 +106,8 @@ def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max
 
         return run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,
             max_shard_size=max_shard_size, memory_budget=memory_budget, resume=resume, dry_run=dry_run,
-            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk)
+            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk,
+            executor=executor, ray_address=ray_address)
 
     _run(debug, go)
     _fast_exit()
