@@ -136,6 +136,7 @@ def connect(ray, address: str | None, con) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
+    _reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                  configure_logging=True)
@@ -147,6 +148,21 @@ def connect(ray, address: str | None, con) -> bool:
     con.info(f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
              f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
     return True
+
+
+def _reachable(address: str | None, timeout_s: float = 10) -> None:
+    """Fail in seconds on a ``host:port`` nobody answers (Ray itself retries for minutes)."""
+    import socket
+
+    if not address or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise RayRunError(f"--executor ray: cannot connect to {address} ({why}); start the cluster "
+                          f"(ray start --head) or fix --ray-address") from None
 
 
 def _first(exc: BaseException) -> str:
