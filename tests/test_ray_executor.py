@@ -25,6 +25,7 @@ from quantize_cli.executors.partition import partition  # noqa: E402
 from quantize_cli.executors.ray_executor import RayRunError, check_device  # noqa: E402
 
 from .ray_faults import FAULTS_ENV  # noqa: E402
+from .test_low_disk import fake_hub  # noqa: E402,F401 - the driver-side fake Hub
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
@@ -213,3 +214,26 @@ def test_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --executor ray: cannot connect to 127.0.0.1:1") and "--ray-address" in last
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("low_disk", [False, True])
+def test_hub_source_each_task_fetches_its_shards(cluster, fake_hub, tmp_path, low_disk):
+    """A Hub repo id: the driver plans from the remote headers (downloads no weights); each task
+    fetches the shards it reads into its node's cache, or with --low-disk into a scratch folder
+    that is gone afterwards. Same bytes as a local conversion."""
+    local, state = fake_hub
+    (cluster / "hub").write_text(local)
+    try:
+        for f in cluster.glob("downloaded-*"):
+            f.unlink()
+        convert("someone/tiny-llama", str(tmp_path / "ray"), algo="NVFP4", quiet=True, max_shard_size="1MB",
+                executor="ray", low_disk=low_disk)
+        fetched = [f.read_text() for f in cluster.glob("downloaded-*")]
+    finally:
+        (cluster / "hub").unlink()
+    convert(local, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size="1MB")
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    assert state["weights_downloaded"] == 0  # the driver fetched no weights
+    assert {os.path.basename(p) for p in fetched} == {f for f in os.listdir(local) if f.endswith(".safetensors")}
+    if low_disk:
+        assert not any(os.path.exists(p) for p in fetched) and all("quantize-src-" in p for p in fetched)
