@@ -3,8 +3,8 @@
 Each run is a whole ``quantize convert`` process, timed from start to exit (plan, conversion,
 fsync, metadata, rename), on the same synthetic bf16 checkpoint (bench/e2e.py's Llama-8B-shaped
 layers; ``--layers 2 --vocab 32000`` is ~1.5 GB). For ``ray-N`` a Ray head with N workers (N CPUs,
-or N GPUs with ``--device cuda``) is started first with ``ray start --head`` (not timed, as on a
-real cluster) and the command joins it with ``--ray-address``; ``ray-auto`` times the command
+or N GPUs with ``--device cuda``) is started first (not timed, as a running cluster would be) and
+the command joins it with ``--ray-address``; ``ray-auto`` times the command
 that starts its own local instance (the one-machine default), so its startup cost is included.
 The output shards are kept small (``--max-shard-size``) so that there are enough tasks to share.
 
@@ -22,14 +22,13 @@ import filecmp
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-PORT = 6399  # the benchmark's own head, away from a default cluster on 6379
 
 
 def same_tree(a: str, b: str) -> bool:
@@ -47,13 +46,33 @@ def convert(args, src: str, dst: str, extra: list[str]) -> float:
     return time.perf_counter() - t
 
 
-def ray_head(args, workers: int) -> str:
-    """Start a fresh Ray head with `workers` CPUs (or GPUs); returns its address."""
-    res = ["--num-gpus", str(workers), "--num-cpus", str(max(workers, os.cpu_count() or 1))] if args.device.startswith("cuda") \
-        else ["--num-cpus", str(workers), "--num-gpus", "0"]
-    subprocess.run([RAY, "stop", "--force"], capture_output=True)
-    subprocess.run([RAY, "start", "--head", f"--port={PORT}", "--include-dashboard=false", *res], check=True, capture_output=True)
-    return f"127.0.0.1:{PORT}"
+_HEAD = """
+import sys, time, ray
+ray.init(num_cpus=int(sys.argv[1]), num_gpus=int(sys.argv[2]), include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+try:
+    while True:
+        time.sleep(60)
+except KeyboardInterrupt:  # the benchmark stops this head with SIGINT: ray.shutdown() runs at exit
+    pass
+"""
+
+
+def ray_head(args, workers: int) -> tuple[subprocess.Popen, str]:
+    """A fresh Ray head with `workers` CPUs (or GPUs), owned by a child process (stopped by its
+    pid with SIGINT: its ray.shutdown stops that cluster and nothing else). Returns it and its address."""
+    gpus = workers if args.device.startswith("cuda") else 0
+    cpus = max(workers, os.cpu_count() or 1) if gpus else workers
+    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(cpus), str(gpus)], stdout=subprocess.PIPE, text=True)
+    return head, head.stdout.readline().strip()
+
+
+def stop(head: subprocess.Popen) -> None:
+    head.send_signal(signal.SIGINT)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
 
 
 def main() -> None:
@@ -68,9 +87,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration (the fastest is reported)")
     p.add_argument("--json")
     args = p.parse_args()
-    # The benchmark's head and its drivers run on this machine only: no token authentication, so
-    # `ray start` and the drivers agree whatever ~/.ray/auth_token holds.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray >= 2.5x starts new clusters with token authentication, but a driver joining by address
+    # sends the token only in token mode: the head and every command run in it.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
     from e2e import du, make_checkpoint
 
@@ -89,13 +108,13 @@ def main() -> None:
         print(f"{name}: {best:.2f} s, {gb / best:.3f} GB/s, identical to local: {same}, load {os.getloadavg()[0]:.1f}", flush=True)
 
     record("local", [convert(args, src, ref, ["--executor", "local"]) for _ in range(args.repeat)], ref)
-    try:
-        for n in [int(w) for w in args.workers.split(",")]:
-            address = ray_head(args, n)
+    for n in [int(w) for w in args.workers.split(",")]:
+        head, address = ray_head(args, n)
+        try:
             dst = os.path.join(args.workdir, f"out-ray-{n}")
             record(f"ray-{n}", [convert(args, src, dst, ["--executor", "ray", "--ray-address", address]) for _ in range(args.repeat)], dst)
-    finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True)
+        finally:
+            stop(head)
     env_free = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     dst = os.path.join(args.workdir, "out-ray-auto")
     runs = []

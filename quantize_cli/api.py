@@ -249,7 +249,7 @@ def convert(
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            _verify_before_publishing(dest.partial, None if low_disk else src, con)
+            _verify_before_publishing(dest.partial, None if low_disk or (executor == "ray" and on_hub) else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()

@@ -237,3 +237,19 @@ def test_hub_source_each_task_fetches_its_shards(cluster, fake_hub, tmp_path, lo
     assert {os.path.basename(p) for p in fetched} == {f for f in os.listdir(local) if f.endswith(".safetensors")}
     if low_disk:
         assert not any(os.path.exists(p) for p in fetched) and all("quantize-src-" in p for p in fetched)
+
+
+@pytest.mark.gpu
+def test_gpu_tasks_write_the_same_bytes_as_local_cpu(tmp_path, sources):
+    """GPU machine: each Ray task asks for a GPU and quantizes with the Triton kernels; same bytes
+    as the CPU torch reference run locally (run with -m gpu; starts its own Ray instance)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for algo in ("NVFP4", "FP8", "FP8_PB_WO"):
+        opts = dict(algo=algo, quiet=True, max_shard_size=SHARD)
+        convert(sources["dense"], str(tmp_path / f"cpu-{algo}"), device="cpu", **opts)
+        res = convert(sources["dense"], str(tmp_path / f"gpu-{algo}"), device="cuda", executor="ray", **opts)
+        assert res.report["ray"]["device"] == "cuda"
+        assert files(tmp_path / f"gpu-{algo}") == files(tmp_path / f"cpu-{algo}")

@@ -256,6 +256,10 @@ def _probe(ray, plan, folder: str, hub) -> list[str]:
     must then see, and checks that a local source is readable there. Returns the node hosts."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    import glob
+
+    for stale in glob.glob(os.path.join(glob.escape(folder), ".ray-probe-*")):  # from a run that failed its probe
+        os.unlink(stale)
     token = uuid.uuid4().hex
     sources = [] if hub else sorted({t.path for t in plan.source.tensors.values()})
     probe = ray.remote(ray_tasks.probe)
