@@ -40,7 +40,7 @@ def convert(args, src: str, dst: str, extra: list[str]) -> float:
     """One whole ``quantize convert`` process; returns its wall seconds."""
     shutil.rmtree(dst, ignore_errors=True)
     cmd = [sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", args.algo, "--device", args.device,
-           "--max-shard-size", args.max_shard_size, "-q", *extra]
+           "--max-shard-size", args.max_shard_size, "-q", "--report", dst + ".json", *extra]
     t = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
     return time.perf_counter() - t
@@ -103,9 +103,16 @@ def main() -> None:
     def record(name: str, runs: list[float], dst: str) -> None:
         best = min(runs)
         same = True if dst == ref else same_tree(dst, ref)
+        with open(dst + ".json") as f:
+            rep = json.load(f)
+        # Busy: the shard tasks' seconds added up, over the whole command's (the last run's): how
+        # many tasks ran at once on average, Ray's start-up and the driver's own work included.
+        tasks = sum(t["seconds"] for t in (rep.get("ray") or {}).get("shards", []))
+        busy = round(tasks / runs[-1], 2) if tasks else None
         rows.append({"run": name, "seconds": round(best, 2), "input_gb_per_s": round(gb / best, 3), "identical": same,
-                     "load": os.getloadavg()[0]})
-        print(f"{name}: {best:.2f} s, {gb / best:.3f} GB/s, identical to local: {same}, load {os.getloadavg()[0]:.1f}", flush=True)
+                     "tasks_busy": busy, "load": os.getloadavg()[0]})
+        print(f"{name}: {best:.2f} s, {gb / best:.3f} GB/s, identical to local: {same}, tasks busy {busy}, "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
 
     record("local", [convert(args, src, ref, ["--executor", "local"]) for _ in range(args.repeat)], ref)
     for n in [int(w) for w in args.workers.split(",")]:
@@ -122,14 +129,15 @@ def main() -> None:
         shutil.rmtree(dst, ignore_errors=True)
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", args.algo, "--device", args.device,
-                        "--max-shard-size", args.max_shard_size, "-q", "--executor", "ray"], check=True, cwd=ROOT, env=env_free)
+                        "--max-shard-size", args.max_shard_size, "-q", "--executor", "ray", "--report", dst + ".json"],
+                       check=True, cwd=ROOT, env=env_free)
         runs.append(time.perf_counter() - t)
     record(f"ray-auto ({os.cpu_count()} CPUs, starts Ray)", runs, dst)
     print(f"\ninput {gb:.2f} GB bf16, --algo {args.algo}, --device {args.device}, --max-shard-size {args.max_shard_size}, "
           f"{os.cpu_count()} CPUs\n")
-    print("| run | seconds | input GB/s | identical | load (1 min) |\n|---|---|---|---|---|")
+    print("| run | seconds | input GB/s | identical | tasks busy | load (1 min) |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['seconds']} | {r['input_gb_per_s']} | {r['identical']} | {r['load']:.1f} |")
+        print(f"| {r['run']} | {r['seconds']} | {r['input_gb_per_s']} | {r['identical']} | {r['tasks_busy'] or '-'} | {r['load']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"input_gb": gb, "args": vars(args), "rows": rows}, f, indent=2)
