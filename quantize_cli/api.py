@@ -206,7 +206,10 @@ def convert(
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
-    dev = resolve_device(device) if executor == "local" else _ray().check_options(executor, device)
+    ray_device = None
+    if executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
+        device, ray_device = "cpu", _ray().check_options(executor, device)
+    dev = resolve_device(device)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     if not dry_run:
@@ -222,6 +225,8 @@ def convert(
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+    if ray_device:
+        options["device"] = f"{ray_device} (ray tasks)"
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -241,7 +246,7 @@ def convert(
     stats = None
     try:
         if executor == "ray":
-            stats = _ray().execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
+            stats = _ray().execute(plan, dest, ray_device, budget, resume, bool(report), con, kv_cache_dtype, options,
                                    on_hub and (src, revision, low_disk), ray_address)
         else:
             stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
