@@ -219,6 +219,8 @@ def convert(
     push_to_hub: str | None = None,
     private: bool = False,
     revision_out: str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -232,6 +234,9 @@ def convert(
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
+    ray_device = None
+    if executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
+        device, ray_device = "cpu", _ray().check_options(executor, device)
     dev = resolve_device(device)
     _warm_device(dev)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
@@ -247,14 +252,17 @@ def convert(
 
     check_push_options(push_to_hub, private, revision_out)
     doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, scale_search,
-                   act_scales=doc)
+    on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
+                   low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
                    scale_search=(scale_search or "none").lower())
     if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
         options["calibration"] = plan.act_scales.digest()
+    if ray_device:
+        options["device"] = f"{ray_device} (ray tasks)"
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -273,13 +281,17 @@ def convert(
     dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
+        if executor == "ray":
+            stats = _ray().execute(plan, dest, ray_device, budget, resume, bool(report), con, kv_cache_dtype, options,
+                                   on_hub and (src, revision, low_disk), ray_address)
+        else:
+            stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         verified = None
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            verified = _verify_before_publishing(dest.partial, None if low_disk else src, con)
+            verified = _verify_before_publishing(dest.partial, None if low_disk or (executor == "ray" and on_hub) else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         from .card import write_conversion_card  # README.md: how this output was made
 
@@ -305,6 +317,8 @@ def convert(
         from .card import verify_summary
 
         doc["verify"] = verify_summary(verified, lambda _m: plan.scheme.algo)
+    if getattr(stats, "ray", None):
+        doc["ray"] = stats.ray
     if report:
         write_json(report, doc)
     pushed = None
@@ -384,6 +398,18 @@ def _quantize_fn(dev: torch.device, con: Console):
     return None
 
 
+def _ray():
+    """--executor ray lives in its own room (executors/); Ray itself is imported only there."""
+    from .executors import ray_executor
+
+    return ray_executor
+
+
+def executor_sizes(budget: int) -> dict:
+    """How the executor splits `budget` (--memory-budget): chunk, held-group and in-flight bytes."""
+    return dict(chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5, budget_bytes=budget)
+
+
 def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict,
              hub=None):
     from tqdm import tqdm
@@ -393,8 +419,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
     fp = journal_mod.fingerprint(plan, options)
-    executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
-                        budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+    executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=_quantize_fn(dev, con), measure_error=measure)
     if earlier:
         writer.open(fresh=False)
         done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)

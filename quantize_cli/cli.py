@@ -105,6 +105,9 @@ def main():
 @click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
 @click.option("--revision-out", metavar="BRANCH", help="With --push-to-hub: commit to this branch (created if missing).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="ray: output shards written by Ray tasks across processes, GPUs and machines (docs/scale-out.md).")
+@click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance).")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""

@@ -69,14 +69,19 @@ def shard_header(tensors: list) -> bytes:
 
 
 class ShardWriter:
-    """Writes the planned shards into `folder` (see the module docstring)."""
+    """Writes the planned shards into `folder` (see the module docstring).
 
-    def __init__(self, folder: str, outputs: dict, shard_names: list[str]):
+    `only`: the shard indices this writer owns (a scale-out worker writes its own shards; writes
+    to outputs of other shards are dropped, and the index is left to the driver). None: all.
+    """
+
+    def __init__(self, folder: str, outputs: dict, shard_names: list[str], only=None):
         self.folder = folder
         self.outputs = outputs
         self.shard_names = shard_names
-        self._fds: list[int] = []
-        self._data_start: list[int] = []
+        self.only = None if only is None else set(only)
+        self._fds: dict[int, int] = {}
+        self._data_start: dict[int, int] = {}
         self._dirty: collections.deque = collections.deque()
         self._dirty_bytes = 0
 
@@ -88,7 +93,9 @@ class ShardWriter:
         per_shard: list[list] = [[] for _ in self.shard_names]
         for o in sorted(self.outputs.values(), key=lambda o: o.offset):
             per_shard[o.shard].append(o)
-        for path, tensors in zip(self.paths(), per_shard):
+        for shard, (path, tensors) in enumerate(zip(self.paths(), per_shard)):
+            if self.only is not None and shard not in self.only:
+                continue
             header = shard_header(tensors)
             size = len(header) + sum(t.nbytes for t in tensors)
             try:
@@ -97,8 +104,8 @@ class ShardWriter:
                 os.ftruncate(fd, size)
             except OSError as exc:
                 raise DestinationError(f"{path}: cannot create output shard ({exc.strerror}); check space and permissions") from exc
-            self._fds.append(fd)
-            self._data_start.append(len(header))
+            self._fds[shard] = fd
+            self._data_start[shard] = len(header)
 
     def _writeback(self, fd: int, pos: int, length: int) -> None:
         _start_writeback(fd, pos, length)
@@ -124,6 +131,8 @@ class ShardWriter:
     def write_bytes(self, name: str, data: memoryview, byte_offset: int = 0) -> None:
         """Write raw bytes into output `name` at `byte_offset` within the tensor."""
         o = self.outputs[name]
+        if self.only is not None and o.shard not in self.only:
+            return
         if byte_offset + len(data) > o.nbytes:
             raise AssertionError(f"{name}: write past the tensor end ({byte_offset}+{len(data)} > {o.nbytes})")
         pos = self._data_start[o.shard] + o.offset + byte_offset
@@ -142,13 +151,13 @@ class ShardWriter:
     def close(self, sync: bool = True) -> None:
         """fsync and close every shard; write the index when there is more than one shard."""
         try:
-            for fd in self._fds:
+            for fd in self._fds.values():
                 if sync:
                     os.fsync(fd)
                 os.close(fd)
         finally:
-            self._fds = []
-        if len(self.shard_names) > 1:
+            self._fds = {}
+        if len(self.shard_names) > 1 and self.only is None:
             write_index(self.folder, self.outputs, self.shard_names)
 
 

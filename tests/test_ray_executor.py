@@ -1,0 +1,255 @@
+"""--executor ray: the same bytes as --executor local, on a local 2-CPU Ray instance; faults.
+
+One Ray session serves the module (starting Ray and its workers costs seconds). Workers run
+tests/ray_faults.install at start-up, so a test can make one of them die mid-write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra: pip install -e '.[test]'")
+
+from quantize_cli.api import convert, prepare  # noqa: E402
+from quantize_cli.errors import NumericsError, UsageError  # noqa: E402
+from quantize_cli.example import deepseek_config, deepseek_tensors, llama_config, llama_tensors  # noqa: E402
+from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors  # noqa: E402
+from quantize_cli.executors import ray_tasks  # noqa: E402
+from quantize_cli.executors.partition import partition  # noqa: E402
+from quantize_cli.executors.ray_executor import RayRunError, check_device  # noqa: E402
+
+from .ray_faults import FAULTS_ENV  # noqa: E402
+from .test_low_disk import fake_hub  # noqa: E402,F401 - the driver-side fake Hub
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A local Ray instance with 2 CPUs for the whole module; yields the fault folder."""
+    faults = tmp_path_factory.mktemp("faults")
+    path = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"worker_process_setup_hook": "tests.ray_faults.install",
+                          "env_vars": {"PYTHONPATH": path, FAULTS_ENV: str(faults)}})
+    yield faults
+    ray.shutdown()
+
+
+def files(folder) -> dict[str, bytes]:
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Dense Llama (k x0.25, up x4 so fused scales differ), per-expert Qwen3-MoE, fused-expert
+    Qwen3-MoE and DeepSeek-V3-style MLA + MoE, each in 2 source shards."""
+    from quantize_cli.example import write_checkpoint
+
+    root = tmp_path_factory.mktemp("sources")
+    cfg = llama_config()
+    t = llama_tensors(cfg, seed=1)
+    t["model.layers.0.self_attn.k_proj.weight"] *= 0.25
+    t["model.layers.1.mlp.up_proj.weight"] *= 4
+    out = {"dense": write_checkpoint(str(root / "dense"), t, cfg, shards=2)}
+    q = qwen3_moe_config()
+    out["moe"] = write_checkpoint(str(root / "moe"), qwen3_moe_tensors(q, seed=3), q, shards=2)
+    out["moe_fused"] = write_checkpoint(str(root / "moe_fused"), qwen3_moe_tensors(q, seed=3, fused_experts=True), q, shards=2)
+    d = deepseek_config()
+    out["deepseek"] = write_checkpoint(str(root / "deepseek"), deepseek_tensors(d), d, shards=2)
+    return out
+
+
+# Small output shards, so that fused groups (and even one module's tensors) straddle shard
+# boundaries and several Ray tasks run at once.
+SHARD = "200KB"
+CASES = [("dense", a, "plain") for a in ALGOS] + [
+    ("moe", "NVFP4", "plain"), ("moe", "FP8", "plain"), ("moe", "INT8", "plain"),
+    ("deepseek", "NVFP4", "plain"), ("deepseek", "FP8", "plain"),
+    ("dense", "NVFP4", "marlin"), ("dense", "FP8_PB_WO", "marlin"),
+    ("moe_fused", "NVFP4", "flashinfer"), ("moe_fused", "FP8", "cutlass"),
+]
+
+
+@pytest.mark.parametrize("family,algo,layout", CASES)
+def test_ray_writes_the_same_bytes_as_local(cluster, sources, tmp_path, family, algo, layout):
+    src = sources[family]
+    opts = dict(algo=algo, layout=layout, quiet=True, max_shard_size=SHARD, memory_budget="8MB")
+    convert(src, str(tmp_path / "local"), **opts)
+    res = convert(src, str(tmp_path / "ray"), executor="ray", **opts)
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    shards = res.report["ray"]["shards"]
+    assert len(shards) == len(res.plan.shard_names) > 2 and all(s["host"] and not s["skipped"] for s in shards)
+    assert not (tmp_path / ".ray.partial").exists()
+
+
+def test_partition_writes_every_output_once_and_splits_groups(sources):
+    """Each output tensor belongs to exactly one unit; fused groups cut by a shard boundary get
+    their amax from the driver (the dense case above exercises it)."""
+    plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
+    units = partition(plan)
+    written = [n for u in units for _, t in u.tasks for n in t.outputs]
+    assert sorted(written) == sorted(plan.outputs) and len(written) == len(set(written))
+    assert all(plan.outputs[n].shard == u.shard for u in units for _, t in u.tasks for n in t.outputs)
+    split = {i for u in units for i in u.needs_amax}
+    assert split and all(len(plan.tasks[i].members) > 1 for i in split)
+    assert not any(u.needs_amax for u in partition(prepare(sources["dense"], "FP8_PB_WO", max_shard_size=SHARD)))
+
+
+def test_split_group_amax_task_equals_the_executor(sources):
+    """The driver's amax (an amax task) equals the executor's own value for the whole group."""
+    import torch
+
+    plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
+    task = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax)
+    from quantize_cli.execute import read_rows
+
+    expect = torch.stack([plan.scheme.global_amax(read_rows(m.source, 0, m.source.shape[0])) for m in task.members]).amax()
+    got = ray_tasks.group_amax([m.source for m in task.members])
+    assert got.dtype == expect.dtype and torch.equal(got, expect)
+
+
+def test_worker_killed_mid_write_is_retried_to_the_same_bytes(cluster, sources, tmp_path):
+    (cluster / "kill").touch()
+    opts = dict(algo="NVFP4", quiet=True, max_shard_size=SHARD)
+    res = convert(sources["dense"], str(tmp_path / "ray"), executor="ray", **opts)
+    assert not (cluster / "kill").exists() and any(f.startswith("kill.claimed-by-") for f in os.listdir(cluster))
+    convert(sources["dense"], str(tmp_path / "local"), **opts)
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    assert len(res.report["ray"]["shards"]) == len(res.plan.shard_names)
+
+
+DRIVER = """
+import sys, time
+import quantize_cli.resume as r
+real = r.Journal.append
+def slow(self, index, crc):  # a slow driver: each journaled shard takes a second
+    real(self, index, crc)
+    time.sleep(1.0)
+r.Journal.append = slow
+from quantize_cli.cli import main
+sys.argv = ["quantize"] + sys.argv[1:]
+main()
+"""
+
+
+def test_driver_killed_mid_run_resumes_to_the_same_bytes(cluster, sources, tmp_path):
+    src, out = sources["moe"], tmp_path / "out"
+    address = ray.get_runtime_context().gcs_address
+    args = [src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD, "--executor", "ray", "--ray-address", address, "-q"]
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "convert", *args], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / ".out.partial" / ".quantize-journal"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and "shard:" in journal.read_text():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"driver ended before it could be killed: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists() and (tmp_path / ".out.partial").is_dir()
+    res = convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray", resume=True)
+    convert(src, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size=SHARD)
+    assert files(out) == files(tmp_path / "local")
+    kept = [s for s in res.report["ray"]["shards"] if s["skipped"]]
+    assert 1 <= len(kept) < len(res.plan.shard_names)  # journaled shards were checked and kept, the rest redone
+
+
+def test_nan_stops_the_run_with_the_tensor_named(cluster, make_checkpoint, tmp_path):
+    cfg = llama_config()
+    t = llama_tensors(cfg, seed=2)
+    t["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
+    src = make_checkpoint(t, cfg, shards=2)
+    with pytest.raises(NumericsError, match=r"model\.layers\.1\.mlp\.down_proj\.weight .*NaN or Inf \(first at \[3, 5\]\)"):
+        convert(src, str(tmp_path / "out"), algo="FP8_PB_WO", quiet=True, max_shard_size=SHARD, executor="ray")
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
+
+
+def test_nan_in_a_split_group_is_named_by_the_amax_task(cluster, sources, make_checkpoint, tmp_path):
+    plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
+    member = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax).members[-1]
+    cfg = llama_config()
+    t = llama_tensors(cfg, seed=1)
+    t["model.layers.0.self_attn.k_proj.weight"] *= 0.25
+    t["model.layers.1.mlp.up_proj.weight"] *= 4
+    t[member.source.name][0, 1] = float("inf")
+    src = make_checkpoint(t, cfg, shards=2)
+    with pytest.raises(NumericsError, match=member.source.name.replace(".", r"\.") + r" .*\(first at \[0, 1\]\)"):
+        convert(src, str(tmp_path / "out"), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray")
+
+
+def test_probe_refuses_a_work_folder_or_source_a_node_cannot_see(tmp_path):
+    from quantize_cli.errors import DestinationError, SourceError
+
+    with pytest.raises(DestinationError, match="storage every Ray node can reach"):
+        ray_tasks.probe(str(tmp_path / "missing"), "t", [])
+    with pytest.raises(SourceError, match="storage every Ray node can read"):
+        ray_tasks.probe(str(tmp_path), "t", [str(tmp_path / "gone.safetensors")])
+    ray_tasks.probe(str(tmp_path), "tok", [])
+    assert [p.read_text() for p in tmp_path.glob(".ray-probe-tok-*")] == ["tok"]
+
+
+def test_usage_errors():
+    assert check_device("cuda:3") == "cuda" and check_device("AUTO") == "auto"
+    with pytest.raises(UsageError, match="--device"):
+        check_device("tpu")
+    with pytest.raises(UsageError, match="--executor 'dask'"):
+        convert("example:tiny-llama", "/nonexistent/x", algo="FP8", executor="dask")
+
+
+def test_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
+    """A driver that cannot reach the cluster says so in one line (no traceback) and exits 1."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "quantize_cli", "convert", "example:tiny-llama", "-o", str(tmp_path / "o"),
+                           "--algo", "FP8", "--executor", "ray", "--ray-address", "127.0.0.1:1", "-q"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --executor ray: cannot connect to 127.0.0.1:1") and "--ray-address" in last
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("low_disk", [False, True])
+def test_hub_source_each_task_fetches_its_shards(cluster, fake_hub, tmp_path, low_disk):
+    """A Hub repo id: the driver plans from the remote headers (downloads no weights); each task
+    fetches the shards it reads into its node's cache, or with --low-disk into a scratch folder
+    that is gone afterwards. Same bytes as a local conversion."""
+    local, state = fake_hub
+    (cluster / "hub").write_text(local)
+    try:
+        for f in cluster.glob("downloaded-*"):
+            f.unlink()
+        convert("someone/tiny-llama", str(tmp_path / "ray"), algo="NVFP4", quiet=True, max_shard_size="1MB",
+                executor="ray", low_disk=low_disk)
+        fetched = [f.read_text() for f in cluster.glob("downloaded-*")]
+    finally:
+        (cluster / "hub").unlink()
+    convert(local, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size="1MB")
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    assert state["weights_downloaded"] == 0  # the driver fetched no weights
+    assert {os.path.basename(p) for p in fetched} == {f for f in os.listdir(local) if f.endswith(".safetensors")}
+    if low_disk:
+        assert not any(os.path.exists(p) for p in fetched) and all("quantize-src-" in p for p in fetched)
+
+
+@pytest.mark.gpu
+def test_gpu_tasks_write_the_same_bytes_as_local_cpu(tmp_path, sources):
+    """GPU machine: each Ray task asks for a GPU and quantizes with the Triton kernels; same bytes
+    as the CPU torch reference run locally (run with -m gpu; starts its own Ray instance)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for algo in ("NVFP4", "FP8", "FP8_PB_WO"):
+        opts = dict(algo=algo, quiet=True, max_shard_size=SHARD)
+        convert(sources["dense"], str(tmp_path / f"cpu-{algo}"), device="cpu", **opts)
+        res = convert(sources["dense"], str(tmp_path / f"gpu-{algo}"), device="cuda", executor="ray", **opts)
+        assert res.report["ray"]["device"] == "cuda"
+        assert files(tmp_path / f"gpu-{algo}") == files(tmp_path / f"cpu-{algo}")
