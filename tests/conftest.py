@@ -31,6 +31,12 @@ def load_all(folder) -> dict[str, torch.Tensor]:
     return out
 
 
+def output_files(folder) -> dict[str, bytes]:
+    """Every file of a converted checkpoint by name, except the model card (README.md names its own
+    DST and command line, so it differs between any two outputs; tests/test_card.py checks it)."""
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "README.md"}
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, same shape, same bytes (0-d stays 0-d; -0.0 and +0.0 differ)."""
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):

@@ -4,6 +4,8 @@ import json
 import os
 
 import pytest
+
+from tests.conftest import output_files
 import torch
 from safetensors.torch import load_file
 
@@ -19,8 +21,7 @@ DENSE = [("marlin", "NVFP4"), ("marlin", "W4A16_NVFP4"), ("marlin", "FP8"), ("ma
 
 
 def files(folder):
-    # README.md (the model card) names its own DST and command, so it differs between any two outputs
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "README.md"}
+    return output_files(folder)
 
 
 def tensors(folder):

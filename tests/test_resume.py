@@ -4,14 +4,15 @@ import os
 
 import pytest
 
+from tests.conftest import output_files
+
 import quantize_cli.pipeline as pipeline
 from quantize_cli.api import convert
 from quantize_cli.errors import DestinationError
 
 
 def files(folder):
-    # README.md (the model card) names its own DST and command, so it differs between any two outputs
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "README.md"}
+    return output_files(folder)
 
 
 def interrupt_after(monkeypatch, n):
