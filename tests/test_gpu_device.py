@@ -3,6 +3,8 @@
 import os
 
 import pytest
+
+from tests.conftest import output_files
 import torch
 
 from quantize_cli.api import convert
@@ -12,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def files(folder):
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+    return output_files(folder)
 
 
 @pytest.mark.parametrize("algo", list(SCHEMES))
