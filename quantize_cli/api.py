@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoint.destination import Destination
+from .checkpoint.durable import copy_durable
 from .checkpoint.metadata import hf_quant_config, output_config, write_config_files
 from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
@@ -105,7 +106,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     from .checkpoint.hub import open_hub_headers
 
     scheme = get_scheme(algo)
-    source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
+    source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
                       layout=layout)
@@ -207,11 +208,15 @@ def convert(
     dev = resolve_device(device)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
+    from . import retry
+
+    finished = not dry_run and resume and not overwrite and retry.finished_dst(dst)  # a retry after success
     if not dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
         local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
-        Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
+        if not finished:
+            Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
     plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
@@ -231,23 +236,27 @@ def convert(
         if report:
             write_json(report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
         raise
+    source_id = plan.source.root or plan.source.label  # before --low-disk points root at its scratch folder
+    if finished:
+        return _already_complete(plan, dst, options, source_id, report, timings, con)
     for w in plan.warnings:
         con.warn(w)
     dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
+        stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
+                         low_disk and (src, plan.source.revision), source_id)
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            _verify_before_publishing(dest.partial, None if low_disk else src, con)
+            _verify_before_publishing(dest, None if low_disk else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
-        # Out of disk / write failures can be resumed; bad data or a changed source cannot.
-        _keep_for_resume(dest, con) if isinstance(exc, DestinationError) else dest.discard()
+        # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
+        _keep_for_resume(dest, con) if isinstance(exc, DestinationError) or getattr(exc, "resumable", False) else dest.discard()
         if report:
             write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
         raise
@@ -266,6 +275,22 @@ def convert(
     return ConvertResult(plan, dest.dst, doc)
 
 
+def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, report, timings: dict, con: Console) -> ConvertResult:
+    """--resume on a finished DST made the same way: check it (retry.py) and succeed without writing."""
+    from . import resume as journal_mod
+    from . import retry
+
+    fp = journal_mod.fingerprint(plan, options)
+    docs = metadata_docs(plan, options.get("kv_cache_dtype"), options)
+    checked = retry.check_finished(os.path.abspath(dst), plan, retry.run_record(options, fp, source_id), docs)
+    how = f"{checked} task checksum(s) verified" if checked else "headers, sizes and index verified; no checksums recorded"
+    con.info(f"{os.path.abspath(dst)}: already complete (same source and options; {how}); nothing to do")
+    doc = run_report(plan, options, None, timings, os.path.abspath(dst), status="already-complete")
+    if report:
+        write_json(report, doc)
+    return ConvertResult(plan, os.path.abspath(dst), doc)
+
+
 def _keep_for_resume(dest: Destination, con: Console) -> None:
     """After a failure or interruption keep the (hidden, never finished-looking) work folder."""
     dest.release()
@@ -273,17 +298,21 @@ def _keep_for_resume(dest: Destination, con: Console) -> None:
         con.warn(f"partial work kept in {dest.partial}; rerun with --resume to continue, or delete it")
 
 
-def _verify_before_publishing(folder: str, src: str | None, con: Console) -> None:
-    """convert --verify: run `verify` (with the source when given) on the finished work folder; refuse on errors."""
+def _verify_before_publishing(dest: Destination, src: str | None, con: Console) -> None:
+    """convert --verify: run `verify` (with the source when given) on the finished work folder; refuse on errors.
+
+    A refused output is kept beside DST (``DST.verify-failed``) for inspection, never published as DST.
+    """
     from .errors import CheckFailed
     from .verify import verify_checkpoint
 
-    res = verify_checkpoint(folder, src)
+    res = verify_checkpoint(dest.partial, src)
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
-        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written:",
-                          details=[f.message for f in res.errors])
+        kept = dest.set_aside("verify-failed")
+        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written; "
+                          f"the output is kept in {kept} for inspection:", details=[f.message for f in res.errors])
     sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
     detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
@@ -302,41 +331,49 @@ def _quantize_fn(dev: torch.device, con: Console):
 
 
 def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict,
-             hub=None):
+             hub=None, source_id: str = ""):
     from tqdm import tqdm
 
     from . import resume as journal_mod
 
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
-    fp = journal_mod.fingerprint(plan, options)
-    executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
-                        budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
-    if earlier:
-        writer.open(fresh=False)
-        done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
-        skipped = sum(plan.tasks[i].bytes_in for i in done)
-        con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
-    else:
-        if resume:
-            con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
-        journal = journal_mod.start(dest.partial, fp)
-        writer.open(fresh=True)
-        done = set()
-    if hub:  # --low-disk: sidecars now, each source shard only while it is being read
-        from .checkpoint.hub import LazyShards, hub_sidecars
+    journal = executor = None
+    try:  # a failure anywhere leaves no open shard file behind (library callers keep running)
+        fp = journal_mod.fingerprint(plan, options)
+        executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
+                            budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+        if earlier:
+            writer.open(fresh=False)
+            done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
+            skipped = sum(plan.tasks[i].bytes_in for i in done)
+            con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
+        else:
+            if resume:
+                con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
+            journal = journal_mod.start(dest.partial, fp)
+            writer.open(fresh=True)
+            done = set()
+        if hub:  # --low-disk: sidecars now, each source shard only while it is being read
+            from .checkpoint.hub import LazyShards, hub_sidecars
 
-        side = dest.path(".source-sidecars")
-        plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
-        reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
-        executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads)
-    bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
-    executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
-    try:
-        stats = executor.run()
-    finally:
-        bar.close()
-        journal.close()
+            side = dest.path(".source-sidecars")
+            plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
+            reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
+            executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
+        bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
+        executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
+        try:
+            stats = executor.run()
+        finally:
+            bar.close()
+            journal.close()
+    except BaseException:
+        if executor is None or executor.writer_stopped:  # never close a file a write is still using
+            writer.abort()
+            if journal is not None:
+                journal.close()
+        raise
     try:
         t = time.perf_counter()
         writer.close()
@@ -344,7 +381,9 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         _write_metadata(plan, dest.partial, kv, options)
     except OSError as exc:
         raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc
-    journal_mod.remove_files(dest.partial)
+    from .retry import run_record, seal
+
+    seal(dest.partial, run_record(options, fp, source_id))  # the journal's CRCs + how DST was made, kept in DST
     for scratch in (".source-sidecars", ".source-shards"):
         shutil.rmtree(dest.path(scratch), ignore_errors=True)
     if hub:
@@ -352,17 +391,26 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     return stats
 
 
-def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
-    extra = None
+def metadata_docs(plan: Plan, kv, options: dict) -> tuple[dict, dict]:
+    """The (hf_quant_config.json, config.json) documents this run writes: a pure function of plan and options."""
+    from .recipe import recipe_record
+
+    # The resolved recipe is recorded so unpack and verify read the fused table and expert names back.
+    extra: dict = {"recipe": recipe_record(plan.recipe)}
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
-        extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
+        extra["layout"] = {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}
     nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
     config = output_config(plan.source.config, nested)
-    if extra:
+    if "layout" in extra:
         config["quantization_config"]["layout"] = extra["layout"]
+    return nested, config
+
+
+def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
+    nested, config = metadata_docs(plan, kv, options)
     write_config_files(folder, nested, config)
     for name in plan.source.sidecars:
         try:
-            shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
+            copy_durable(os.path.join(plan.source.root, name), os.path.join(folder, name))
         except OSError as exc:
             raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc

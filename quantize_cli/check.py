@@ -149,4 +149,7 @@ def run_check(plan: Plan, exclude, tp: int) -> CheckResult:
     for rule in plan.recipe.exclude:
         rep, f = analyse_pattern(rule.pattern, f"recipe {plan.recipe.name}", plan.modules, groups)
         reports.append(rep)
+        findings += f
+    seen: set = set()  # one finding per message (the plan may already report the same offender)
+    findings = [x for x in findings if not (x.message in seen or seen.add(x.message))]
     return CheckResult(plan, tp, reports, findings)

@@ -107,6 +107,7 @@ class Executor:
         self.pin = device.type == "cuda"
         self._dense_packing = plan.packing is not None and plan.packing.dense
         self._finite: list = []  # (source, 0-d bool tensor) of the current task, checked once per task
+        self.writer_stopped = True  # False after a failure that left the write thread inside a write
         self.resolver = resolver  # low-disk Hub mode: fetches a source shard on first read, drops it after its last
 
     # -- the read schedule ------------------------------------------------------------------
@@ -176,6 +177,11 @@ class Executor:
                 self._out.task_done(index, self.task_outputs(task))
             with self.timers.time("wait_write_flush"):
                 self._out.flush()
+        except BaseException as exc:
+            # A library caller must not be left with a thread still writing. An interruption waits
+            # at most a moment for the write in progress (the process is about to exit).
+            self.writer_stopped = self._out.abort(30.0 if isinstance(exc, Exception) else 1.0)
+            raise
         finally:
             if self._prefetch is not None:
                 self._prefetch.close()
@@ -207,7 +213,7 @@ class Executor:
             self._finite = []
             if not ok:
                 for info in infos:
-                    raise_non_finite(info, must_find=False)
+                    raise_non_finite(info, must_find=False, resolve=self._scan_resolve())
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""
@@ -217,6 +223,10 @@ class Executor:
             return load(replace(req, info=self.resolver.resolve(req.info)), self.pin, read_rows)
         finally:
             self.resolver.release(req.info)
+
+    def _scan_resolve(self):
+        """Where a NaN scan reads a tensor: the downloaded shard in --low-disk mode (never the hub:// name)."""
+        return self.resolver.resolve if self.resolver is not None else None
 
     def _done_with(self, req: Read) -> None:
         self.read_budget.release(req.nbytes)
@@ -276,7 +286,7 @@ class Executor:
         for k, (m, req) in enumerate(zip(members, reqs)):
             w = held[k] if held else self._fetch(req)
             out = self.quantize_fn(self.scheme, w, gamax)
-            check_finite(m.source, out)
+            check_finite(m.source, out, self._scan_resolve())
             if self.measure_error:
                 self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out))
             outs.append(out)
@@ -316,7 +326,7 @@ class Executor:
     def _group_amax(self, amaxes: list[torch.Tensor], members: tuple[Member, ...]) -> torch.Tensor:
         for m, a in zip(members, amaxes):
             if not torch.isfinite(a).item():
-                raise_non_finite(m.source)
+                raise_non_finite(m.source, resolve=self._scan_resolve())
         return torch.stack([a.reshape(()) for a in amaxes]).amax()
 
     def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
@@ -351,17 +361,19 @@ def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
 
 
-def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
+def check_finite(info: TensorInfo, out: dict[str, torch.Tensor], resolve=None) -> None:
     """Refuse NaN/Inf at once (used where whole members are quantized)."""
     if not bool(finite_flag(out)):
-        raise_non_finite(info)
+        raise_non_finite(info, resolve=resolve)
 
 
-def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: bool = True):
+def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: bool = True, resolve=None):
     """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too).
 
     With ``must_find=False`` a tensor without NaN/Inf returns quietly (a group member checked
-    because another member's scale was not finite)."""
+    because another member's scale was not finite). `resolve` maps `info` to where its bytes are
+    (the --low-disk resolver); the message still names the source as planned."""
+    named, info = info, (resolve(info) if resolve is not None else info)
     n = info.shape[0]
     rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
     where = ""
@@ -375,8 +387,8 @@ def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: b
     if not where and not must_find:
         return
     raise NumericsError(
-        f"{info.name} in {info.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
-        f"Fix the source weights or --exclude {info.module!r}"
+        f"{named.name} in {named.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
+        f"Fix the source weights or --exclude {named.module!r}"
     )
 
 

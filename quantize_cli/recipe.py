@@ -166,6 +166,38 @@ def load_recipe(name_or_path: str | None, model_type: str | None = None) -> Reci
     return _build(_builtin_raw()["default"], "recipes/default.yaml")
 
 
+def recipe_record(r: Recipe) -> dict:
+    """The resolved recipe as plain data, recorded in an output's hf_quant_config.json (``converter.recipe``)."""
+    doc = {
+        "name": r.name,
+        "fused": {k: list(v) for k, v in r.fused.items()},
+        "exclude": [{"pattern": x.pattern, "reason": x.reason} for x in r.exclude],
+        "routers": list(r.routers),
+        "subtrees": [{"pattern": x.pattern, "reason": x.reason} for x in r.subtrees],
+        "experts": r.experts,
+        "parallel": {k: list(v) for k, v in r.parallel.items()},
+    }
+    return doc
+
+
+def recipe_of_output(nested: dict | None, model_type: str | None, where: str) -> Recipe:
+    """The recipe an output was converted with: the record in its hf_quant_config.json, else (an
+    older or foreign output) the recipe for `model_type`."""
+    record = ((nested or {}).get("converter") or {}).get("recipe") if isinstance((nested or {}).get("converter"), dict) else None
+    if record is None:
+        return load_recipe(None, model_type)
+    if not isinstance(record, dict) or "extends" in record:
+        raise PlanError(f"{where}: converter.recipe must be a resolved recipe mapping; re-convert or remove the record")
+    return _build(_parse_dict(record, where), where)
+
+
+def _parse_dict(raw: dict, where: str) -> dict:
+    unknown = set(raw) - _KNOWN_KEYS
+    if unknown:
+        raise PlanError(f"{where}: converter.recipe has unknown key(s) {sorted(unknown)}; re-convert or remove the record")
+    return raw
+
+
 def describe(name_or_path: str) -> str:
     """The resolved recipe as YAML (what ``quantize recipes show NAME`` prints)."""
     r = load_recipe(name_or_path)

@@ -23,7 +23,7 @@ from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError
 from .exclusions import verify_exclusions
-from .recipe import load_recipe
+from .recipe import load_recipe, recipe_of_output
 from .schemes import SCHEMES, Scheme
 from .validate import ERROR, WARNING, Finding, FindingsResult
 
@@ -66,7 +66,9 @@ def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
+        if isinstance(doc, dict):
+            return doc
+        res.add(ERROR, "bad-file", what, f"{path}: must be a JSON object, got {type(doc).__name__}; a loader cannot read it")
     except FileNotFoundError:
         res.add(ERROR, "missing-file", what, f"{path}: missing; a ModelOpt checkpoint needs {what}")
     except (OSError, ValueError) as exc:
@@ -169,8 +171,12 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
     return quantized
 
 
-def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult):
-    recipe = load_recipe(None, config.get("model_type"))
+def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, nested: dict | None = None):
+    try:  # the recipe the output was converted with (recorded), else the one for its model_type
+        recipe = recipe_of_output(nested, config.get("model_type"), os.path.join(res.path, "hf_quant_config.json"))
+    except QuantizeError as exc:
+        res.add(ERROR, "config", "converter.recipe", exc.message)
+        recipe = load_recipe(None, config.get("model_type"))
     float_view = {n: (TensorInfo(n, "BF16", t.shape, t.path, t.offset, t.nbytes) if t.module in quantized and t.leaf == "weight" else t)
                   for n, t in tensors.items()}
     mods = classify(float_view, recipe, [], config.get("num_hidden_layers"))
@@ -239,7 +245,7 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     res.algo = scheme.algo
     quantized = _check_modules(tensors, scheme, res)
     exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
-    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res)
+    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res, nested)
     _check_shared_scales(mods, recipe, scheme, tensors, res)
     _check_finite(tensors, res)
     if source:

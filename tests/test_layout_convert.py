@@ -19,7 +19,8 @@ DENSE = [("marlin", "NVFP4"), ("marlin", "W4A16_NVFP4"), ("marlin", "FP8"), ("ma
 
 
 def files(folder):
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+    """The checkpoint's files (hidden bookkeeping such as .quantize-checksums says how each was made, so it differs)."""
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if not f.startswith(".")}
 
 
 def tensors(folder):

@@ -42,6 +42,7 @@ class Source:
     sidecars: list[str] = field(default_factory=list)
     from_hub: bool = False
     warnings: list[str] = field(default_factory=list)
+    revision: str | None = None  # the Hub commit the headers were read at (--low-disk pins it)
 
     @property
     def total_bytes(self) -> int:

@@ -17,6 +17,7 @@ import os
 import torch
 
 from ..errors import DestinationError
+from .durable import write_atomic
 from .safetensors_io import byte_view
 
 SAFETENSORS_METADATA = {"format": "pt"}
@@ -139,6 +140,15 @@ class ShardWriter:
                 f"{self.shard_names[o.shard]}: write failed while writing {name!r} ({exc.strerror}); free disk space and rerun with --resume"
             ) from exc
 
+    def abort(self) -> None:
+        """Close every shard without syncing or writing the index (the run failed)."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def close(self, sync: bool = True) -> None:
         """fsync and close every shard; write the index when there is more than one shard."""
         try:
@@ -156,6 +166,4 @@ def write_index(folder: str, outputs: dict, shard_names: list[str]) -> None:
     """``model.safetensors.index.json``: total size and the sorted weight map."""
     wmap = {name: shard_names[o.shard] for name, o in sorted(outputs.items())}
     doc = {"metadata": {"total_size": sum(o.nbytes for o in outputs.values())}, "weight_map": wmap}
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_atomic(os.path.join(folder, "model.safetensors.index.json"), (json.dumps(doc, indent=2) + "\n").encode())
