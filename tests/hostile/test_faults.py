@@ -354,11 +354,6 @@ def test_ignored_signal_stays_ignored():
 
 
 # -- SIGKILL at random points, then --resume ------------------------------------------------------------
-def _has_resume() -> bool:
-    return any(p.name == "resume" for p in main.commands["convert"].params)
-
-
-@pytest.mark.skipif(not _has_resume(), reason="resume not implemented yet")
 def test_sigkill_then_resume_gives_byte_identical_output(tmp_path, src, monkeypatch):
     """Kill a run (SIGKILL: no cleanup at all) after the first, a middle and the last tensor write;
     ``--resume`` must then finish with exactly the bytes of an uninterrupted run."""
