@@ -51,6 +51,7 @@ class ErrorStats:
 class RunStats:
     bytes_read: int = 0
     peak_inflight: int = 0
+    peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer; see Executor._moe)
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
 
@@ -185,7 +186,7 @@ class Executor:
         finally:
             if self._prefetch is not None:
                 self._prefetch.close()
-        self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak
+        self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak + self.stats.peak_held
         self.stats.stages = {k: round(v, 3) for k, v in sorted(self.timers.seconds.items())}
         return self.stats
 
@@ -305,20 +306,33 @@ class Executor:
 
     def _moe(self, task: Task) -> None:
         """One MoE layer: quantize expert by expert (gate/up share their amax), write the plain
-        per-expert scales, then the packed stacks."""
+        per-expert scales, then the packed stacks.
+
+        The stacks are packed in slices of experts that fit the hold limit (a fifth of
+        --memory-budget): every layout packs each expert independently along the stacked dim 0,
+        so a slice's packed bytes land at ``first expert x bytes per expert`` and the result is
+        the same as packing the whole layer at once, while at most one slice is held.
+        """
         members = task.members
-        experts = []
-        for e in range(len(members) // 3):
-            gate, up, down = members[3 * e : 3 * e + 3]
-            q_gate, q_up = self._whole((gate, up))
-            (q_down,) = self._whole((down,))
-            for m, q in ((gate, q_gate), (up, q_up), (down, q_down)):
-                for suffix, t in q.items():
-                    if suffix != "weight" and t is not None:
-                        self._out.write(f"{m.module}.{suffix}", t)
-            experts.append({"gate": q_gate, "up": q_up, "down": q_down})
-        for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
-            self._out.write(name, t)
+        n = len(members) // 3
+        per_expert = max(1, max(sum(m.source.nbytes for m in members[3 * e : 3 * e + 3]) for e in range(n)))
+        step = max(1, min(n, self.hold_bytes // per_expert))
+        for first in range(0, n, step):
+            experts = []
+            for e in range(first, min(n, first + step)):
+                gate, up, down = members[3 * e : 3 * e + 3]
+                q_gate, q_up = self._whole((gate, up))
+                (q_down,) = self._whole((down,))
+                for m, q in ((gate, q_gate), (up, q_up), (down, q_down)):
+                    for suffix, t in q.items():
+                        if suffix != "weight" and t is not None:
+                            self._out.write(f"{m.module}.{suffix}", t)
+                experts.append({"gate": q_gate, "up": q_up, "down": q_down})
+            held = sum(t.numel() * t.element_size() for x in experts for q in x.values() for t in q.values() if t is not None)
+            self.stats.peak_held = max(self.stats.peak_held, held)
+            for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
+                assert t.shape[0] == len(experts), (name, tuple(t.shape))  # stacked on dim 0, one row per expert
+                self._out.write(name, t, first * (self.plan.outputs[name].nbytes // n))
 
     def _amax(self, w: torch.Tensor) -> torch.Tensor:
         return self.scheme.global_amax(w)

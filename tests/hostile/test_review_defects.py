@@ -314,3 +314,23 @@ def test_check_reports_findings_of_recipe_patterns(src, tmp_path):
     res = run_check(prepare(src, "FP8", recipe=str(recipe)), [], 1)
     codes = [(f.code, f.subject) for f in res.findings]
     assert ("pattern-partial-group", "*.q_proj") in codes, codes
+
+
+# -- MoE with --layout packs in slices within --memory-budget -------------------------------------------------
+@pytest.mark.parametrize("layout,algo", [("flashinfer", "NVFP4"), ("cutlass", "FP8"), ("cutlass", "NVFP4"), ("flashinfer", "FP8")])
+def test_moe_layout_packs_in_slices_within_the_budget_with_the_same_bytes(make_checkpoint, tmp_path, monkeypatch, layout, algo):
+    import quantize_cli.packing as packing
+    from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors
+
+    cfg = qwen3_moe_config()
+    src = make_checkpoint(qwen3_moe_tensors(cfg, seed=3, fused_experts=True), cfg)
+    sizes = []
+    real = packing.Packing.pack_layer
+    monkeypatch.setattr(packing.Packing, "pack_layer", lambda self, group, experts: sizes.append(len(experts)) or real(self, group, experts))
+    convert(src, str(tmp_path / "big"), algo=algo, layout=layout, quiet=True)
+    whole = max(sizes)
+    sizes.clear()
+    convert(src, str(tmp_path / "small"), algo=algo, layout=layout, quiet=True, memory_budget="200KB")
+    assert whole > 1 and max(sizes) < whole, (whole, sizes)  # a layer no longer held whole
+    for f in os.listdir(tmp_path / "big"):
+        assert (tmp_path / "small" / f).read_bytes() == (tmp_path / "big" / f).read_bytes(), f
