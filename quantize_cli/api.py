@@ -23,6 +23,7 @@ from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
 from .errors import DestinationError, PlanError, QuantizeError, UsageError
 from .execute import Executor
+from .output_paths import check_json_output
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
 from .report import human_bytes, run_report, write_json
@@ -72,13 +73,6 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def _check_writable(path: str, flag: str) -> None:
-    """Fail in the first second, not after the conversion, when a report cannot be written."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist or is not writable; create it or choose another path")
-
-
 def _size(value, flag: str) -> int:
     try:
         n = parse_size(value)
@@ -126,6 +120,8 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     scheme = get_scheme(algo)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
+    if json:
+        check_json_output(json, "--json", (src if os.path.isdir(src) else None,))
     local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
     source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
     rec = load_recipe(recipe, source.config.get("model_type"))
@@ -146,6 +142,8 @@ def verify(dst: str, source: str | None = None, json: str | None = None, strict:
     from .errors import CheckFailed
     from .verify import verify_checkpoint
 
+    if json:
+        check_json_output(json, "--json", (dst, source if source and os.path.isdir(source) else None))
     result = verify_checkpoint(dst, source)
     print(result.to_text(), flush=True)
     if json:
@@ -217,8 +215,8 @@ def convert(
         local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
         if not finished:
             Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
-    if report:
-        _check_writable(report, "--report")
+    if report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
+        check_json_output(report, "--report", (src if os.path.isdir(src) else None, dst))
     plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
@@ -246,6 +244,8 @@ def convert(
     try:
         stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
                          low_disk and (src, plan.source.revision), source_id)
+        for w in stats.warnings:
+            con.warn(w)
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:

@@ -27,6 +27,9 @@ from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, Timers, load
 from .plan import Member, Plan, Task
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per read+write of a copied tensor
+# A fused-group member under this fraction of the group's shared amax quantizes to (almost) zero:
+# 448 x 1e-4 is under e4m3's smallest normal step (2^-6), so its values are subnormal or zero.
+DROWNED = 1e-4
 
 
 @dataclass
@@ -54,6 +57,7 @@ class RunStats:
     peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer; see Executor._moe)
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
+    warnings: list = field(default_factory=list)  # printed by the caller after the run
 
 
 def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
@@ -235,6 +239,7 @@ class Executor:
     def _copy(self, info: TensorInfo) -> None:
         for req in self.reads(Task("copy", copy=info)):
             data = self._fetch(req)
+            _refuse_non_finite_copy(info, data)
             if req.raw:
                 self._out.write(info.name, data, req.start)
                 self._consumed(req.count)
@@ -341,7 +346,23 @@ class Executor:
         for m, a in zip(members, amaxes):
             if not torch.isfinite(a).item():
                 raise_non_finite(m.source, resolve=self._scan_resolve())
-        return torch.stack([a.reshape(()) for a in amaxes]).amax()
+        gamax = torch.stack([a.reshape(()) for a in amaxes]).amax()
+        if len(members) > 1:
+            self._warn_drowned(members, amaxes, gamax)
+        return gamax
+
+    def _warn_drowned(self, members, amaxes, gamax) -> None:
+        """A member whose largest value is under DROWNED x the group's shared amax keeps (almost)
+        nothing after quantization (its values fall under the format's smallest step): say so, as
+        ``verify --source`` would reject it."""
+        top = float(gamax)
+        for m, a in zip(members, amaxes):
+            amax = float(a)
+            if top > 0 and 0 < amax < DROWNED * top:
+                self.stats.warnings.append(
+                    f"{m.source.name}: its largest value {amax:.3g} is {top / amax:.3g}x below the scale it shares with its fused group "
+                    f"(amax {top:.3g}); after {self.scheme.algo} it is (almost) all zero. Check the source weights; verify --source will fail it"
+                )
 
     def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
         if w is None:
@@ -365,6 +386,22 @@ class Executor:
     def _consumed(self, n: int) -> None:
         self.stats.bytes_read += n
         self.progress(n)
+
+
+_COPIED_FLOATS = ("BF16", "F16", "F32", "F64")
+
+
+def _refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
+    """A tensor copied unquantized (lm_head, a norm) with NaN/Inf would make the output compute
+    garbage (and ``verify`` reject it): refuse it like a quantized one. `data`: raw bytes or typed."""
+    if info.dtype not in _COPIED_FLOATS or not data.numel():
+        return
+    typed = data.view(torch_dtype(info.dtype)) if data.dtype == torch.uint8 else data
+    if not bool(torch.isfinite(typed).all()):
+        raise NumericsError(
+            f"{info.name} in {info.path}: contains NaN or Inf; it is copied unquantized, but the checkpoint would compute "
+            "garbage (verify rejects it). Fix the source weights"
+        )
 
 
 def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:

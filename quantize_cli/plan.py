@@ -129,7 +129,10 @@ def parse_size(text: str | int) -> int:
     unit = (m.group(2) or "B").upper()
     base = 1024 if "I" in unit else 1000
     power = "BKMGT".index(unit[0])
-    return int(float(m.group(1)) * base**power)
+    try:
+        return int(float(m.group(1)) * base**power)
+    except OverflowError:  # thousands of digits: float() gives inf
+        raise ValueError(f"{str(text)[:40]!r}... is too large to be a size; use e.g. 5GB") from None
 
 
 def _packing(layout: str, scheme: Scheme, config: dict, findings: list[Finding]) -> Packing | None:

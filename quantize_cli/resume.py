@@ -65,9 +65,9 @@ def resume(folder: str, fp: str, plan, task_outputs, writer) -> tuple[set[int], 
     try:
         with open(os.path.join(folder, STATE)) as f:
             state = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         state = {}
-    if state.get("fingerprint") != fp:
+    if not isinstance(state, dict) or state.get("fingerprint") != fp:  # garbage or another run's state
         raise DestinationError(
             f"{folder}: the earlier run used other options or another source (fingerprint differs); "
             f"rerun without --resume to start over"

@@ -21,7 +21,7 @@ import torch
 from .checkpoint.metadata import flat_quantization_config
 from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
 from .classify import LINEAR, classify, fused_groups, natural_key
-from .errors import QuantizeError
+from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
 from .recipe import load_recipe, recipe_of_output
 from .schemes import SCHEMES, Scheme
@@ -56,8 +56,8 @@ class VerifyResult(FindingsResult):
     def to_text(self) -> str:
         lines = [f"verify: {self.path}  algo {self.algo}  {len(self.quantized)} quantized module(s)"]
         for name, e in sorted(self.errors_by_tensor.items(), key=lambda kv: natural_key(kv[0])):
-            lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}")
-        lines += [f"{f.level.upper():<7}  [{f.code}] {f.message}" for f in self.findings]
+            lines.append(f"  {display(name):<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}")
+        lines += [f"{f.level.upper():<7}  [{f.code}] {display(f.message)}" for f in self.findings]  # one line each
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
         return "\n".join(lines)
 

@@ -44,6 +44,8 @@ class Destination:
             raise DestinationError(f"{dst}: already exists; choose another -o or pass --overwrite to replace it")
         if os.path.lexists(self.dst) and not os.path.isdir(self.dst):
             raise DestinationError(f"{dst}: exists and is not a folder; remove it or choose another -o")
+        if not os.path.isdir(parent):  # nothing is ever created outside DST (a typo in -o must not build a tree)
+            raise DestinationError(f"{dst}: its folder {parent} does not exist; create it first or choose another -o")
 
     def _check_overlap(self, src: str) -> None:
         dst = os.path.realpath(self.dst)
@@ -65,7 +67,6 @@ class Destination:
         """
         for _ in range(100):
             try:
-                os.makedirs(self.parent, exist_ok=True)  # -o a/new/folder: its parents are created, as before
                 fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as exc:
                 raise DestinationError(f"{self.lock_path}: cannot create the lock file ({exc.strerror}); check that {self.parent} is writable") from exc

@@ -183,6 +183,10 @@ def _check_config(config: dict, path: str) -> None:
             raise SourceError(
                 f"{path}: '{key}' is {type(value).__name__} {_short(value, 60)}, expected {types[0].__name__}; fix config.json"
             )
+    for where, doc in (("", config), ("text_config.", config.get("text_config"))):
+        n = doc.get("num_hidden_layers") if isinstance(doc, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n < 0:
+            raise SourceError(f"{path}: '{where}num_hidden_layers' is {n}, a layer count cannot be negative; fix config.json")
     text = config.get("text_config")
     if isinstance(text, dict) and text.get("num_hidden_layers") is not None:
         n = text["num_hidden_layers"]

@@ -64,6 +64,7 @@ class _FullDiskOs:
 def _pwrite_calls(src, tmp_path, monkeypatch) -> int:
     counter = _FullDiskOs(10**9)
     monkeypatch.setattr(writer_mod, "os", counter)
+    tmp_path.mkdir(exist_ok=True)
     r = convert(src, tmp_path / "count")
     assert r.exit_code == 0, r.output
     monkeypatch.setattr(writer_mod, "os", os)
