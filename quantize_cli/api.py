@@ -73,6 +73,15 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def _local_options(src: str, revision: str | None, exclude) -> None:
+    """Options that cannot apply are usage errors, not silently ignored."""
+    if revision and (src.startswith("example:") or os.path.exists(src)):
+        raise UsageError(f"--revision {revision}: {src} is a local checkpoint, which has no revisions; drop --revision")
+    for pat in exclude or ():
+        if not str(pat).strip():
+            raise UsageError("--exclude '': an empty pattern matches every module (vLLM's substring rule); remove it or give a pattern")
+
+
 def _size(value, flag: str) -> int:
     try:
         n = parse_size(value)
@@ -118,6 +127,7 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from .errors import CheckFailed
 
     scheme = get_scheme(algo)
+    _local_options(src, revision, exclude)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
     if json:
@@ -206,6 +216,7 @@ def convert(
     dev = resolve_device(device)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
+    _local_options(src, revision, exclude)
     from . import retry
 
     finished = not dry_run and resume and not overwrite and retry.finished_dst(dst)  # a retry after success
@@ -246,6 +257,9 @@ def convert(
                          low_disk and (src, plan.source.revision), source_id)
         for w in stats.warnings:
             con.warn(w)
+        if stats.peak_inflight > budget:  # a single unit of work (one tensor's rows, one expert) is larger
+            con.warn(f"--memory-budget {memory_budget}: {human_bytes(stats.peak_inflight)} were in flight at the peak (the "
+                     f"smallest units of work are larger than the budget); give at least that much to stay within it")
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         if verify:
@@ -256,7 +270,7 @@ def convert(
         dest.commit()
     except QuantizeError as exc:
         # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
-        _keep_for_resume(dest, con) if isinstance(exc, DestinationError) or getattr(exc, "resumable", False) else dest.discard()
+        _keep_for_resume(dest, con, exc) if isinstance(exc, DestinationError) or getattr(exc, "resumable", False) else dest.discard()
         if report:
             write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
         raise
@@ -291,10 +305,13 @@ def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, repor
     return ConvertResult(plan, os.path.abspath(dst), doc)
 
 
-def _keep_for_resume(dest: Destination, con: Console) -> None:
-    """After a failure or interruption keep the (hidden, never finished-looking) work folder."""
+def _keep_for_resume(dest: Destination, con: Console, exc: BaseException | None = None) -> None:
+    """After a failure or interruption keep the (hidden, never finished-looking) work folder.
+
+    Said only when the folder is this run's (not another live run's, whose lock refused us)."""
+    owned = dest.acquired
     dest.release()
-    if os.path.isdir(dest.partial):
+    if owned and os.path.isdir(dest.partial) and not getattr(exc, "quiet_keep", False):
         con.warn(f"partial work kept in {dest.partial}; rerun with --resume to continue, or delete it")
 
 

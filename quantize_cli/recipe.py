@@ -155,8 +155,14 @@ def load_recipe(name_or_path: str | None, model_type: str | None = None) -> Reci
         if name_or_path in _builtin_raw():
             return _build(_builtin_raw()[name_or_path], f"recipes/{name_or_path}.yaml")
         if os.path.isfile(name_or_path):
-            with open(name_or_path, encoding="utf-8") as f:
-                return _build(_parse_yaml(f.read(), name_or_path), name_or_path)
+            try:
+                with open(name_or_path, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError as exc:
+                raise PlanError(f"{name_or_path}: the recipe is not UTF-8 text ({exc.reason} at byte {exc.start}); fix the recipe file") from None
+            except OSError as exc:
+                raise PlanError(f"{name_or_path}: cannot read the recipe ({exc.strerror}); check the path and permissions") from None
+            return _build(_parse_yaml(text, name_or_path), name_or_path)
         raise UsageError(
             f"--recipe {name_or_path!r} is neither a shipped recipe ({', '.join(builtin_names())}) nor a file"
         )

@@ -67,11 +67,18 @@ def resume(folder: str, fp: str, plan, task_outputs, writer) -> tuple[set[int], 
             state = json.load(f)
     except (OSError, ValueError, RecursionError):
         state = {}
-    if not isinstance(state, dict) or state.get("fingerprint") != fp:  # garbage or another run's state
-        raise DestinationError(
+    if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), str):
+        err = DestinationError(f"{folder}: its resume state ({STATE}) is missing or unreadable; rerun without --resume to start over")
+    elif state["fingerprint"] != fp:
+        err = DestinationError(
             f"{folder}: the earlier run used other options or another source (fingerprint differs); "
-            f"rerun without --resume to start over"
+            f"rerun with the earlier options, or without --resume to start over"
         )
+    else:
+        err = None
+    if err is not None:
+        err.quiet_keep = True  # the folder is kept, but "rerun with --resume" would be the wrong advice
+        raise err
     claimed = read_journal(os.path.join(folder, JOURNAL))
     done = {i for i, crc in claimed.items() if i < len(plan.tasks) and _crc_on_disk(writer, task_outputs(plan.tasks[i])) == crc}
     journal = Journal(folder, truncate=True)

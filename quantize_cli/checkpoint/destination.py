@@ -38,6 +38,7 @@ class Destination:
         self.overwrite = overwrite
         self._lock_fd: int | None = None
         self._keep = False  # keep the partial folder on discard (commit found a new DST in the way)
+        self.acquired = False  # this run took the lock (the work folder is its own)
         if src_root is not None:
             self._check_overlap(os.path.realpath(src_root))
         if os.path.lexists(self.dst) and not overwrite:
@@ -82,7 +83,7 @@ class Destination:
             except FileNotFoundError:
                 same = False
             if same:
-                self._lock_fd = fd
+                self._lock_fd, self.acquired = fd, True
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
                 return

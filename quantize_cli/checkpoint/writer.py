@@ -13,6 +13,7 @@ import collections
 import ctypes
 import json
 import os
+import shutil
 
 import torch
 
@@ -93,7 +94,11 @@ class ShardWriter:
             header = shard_header(tensors)
             size = len(header) + sum(t.nbytes for t in tensors)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0), 0o644)
+                if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
+                    # our own (locked) work folder holds something else under a shard's name: a damaged
+                    # earlier run; replace it (its journaled tasks then fail their CRC and are redone)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0) | os.O_NOFOLLOW, 0o644)
                 os.pwrite(fd, header, 0)
                 os.ftruncate(fd, size)
             except OSError as exc:

@@ -462,10 +462,17 @@ def test_tiny_memory_budget_still_converts_the_same_bytes(tmp_path):
     assert (tmp_path / "ref" / "model.safetensors").read_bytes() == (tmp_path / "small" / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("pattern", ["", "^model\\..*$", "(a|b)+", "[", "**"], ids=["empty", "regex", "regex-group", "bracket", "double-star"])
+@pytest.mark.parametrize("pattern", ["", "   "], ids=["empty", "blank"])
+def test_a37_empty_exclude_is_a_usage_error(tmp_path, pattern):
+    """What CI passes for --exclude "$UNSET_VAR": it would match every module, so it is refused."""
+    src = src_with(tmp_path)
+    assert_refused(tmp_path, src, "--exclude ''", "empty pattern", code=2, extra=("--exclude", pattern))
+    assert invoke("check", src, "--algo", "FP8", "--exclude", pattern).exit_code == 2
+
+
+@pytest.mark.parametrize("pattern", ["^model\\..*$", "(a|b)+", "[", "**", "\\"], ids=["regex", "regex-group", "bracket", "double-star", "backslash"])
 def test_empty_or_regex_like_exclude(tmp_path, pattern):
-    """fnmatch, never regex: the pattern is analysed like any other (an empty one matches everything by
-    vLLM's substring rule, so it is refused as a partial... or converts); never a crash or a traceback."""
+    """fnmatch, never regex: the pattern is analysed like any other; never a crash or a traceback."""
     src = src_with(tmp_path)
     r = convert(src, tmp_path / "out", "--exclude", pattern, algo="FP8")
     assert r.exit_code in (0, 1, 2) and "Traceback" not in r.output and "internal error" not in r.output, r.output
@@ -489,6 +496,31 @@ def test_yaml_recipe_with_python_tags_is_refused_and_never_run(tmp_path, yaml_te
     assert not (tmp_path / "PWNED").exists()
 
 
+def test_a40_recipe_that_is_not_utf8(tmp_path):
+    src = src_with(tmp_path)
+    (tmp_path / "bin.yaml").write_bytes(b"\x00\xff\xfe garbage")
+    assert_refused(tmp_path, src, "bin.yaml", "not UTF-8", "fix the recipe file", extra=("--recipe", str(tmp_path / "bin.yaml")))
+
+
+def test_a41_recipe_reason_cannot_forge_dry_run_lines(tmp_path):
+    src = src_with(tmp_path)
+    (tmp_path / "forge.yaml").write_text('name: x\nexclude: [{pattern: "*", reason: "\\nerror: forged\\x1b[31m"}]\n')
+    r = invoke("convert", src, "--algo", "FP8", "--dry-run", "--recipe", tmp_path / "forge.yaml")
+    assert "\x1b" not in r.stdout and not any(ln.startswith("error: forged") for ln in r.stdout.splitlines()), r.stdout
+
+
+@pytest.mark.parametrize("option", [("--revision", "main")], ids=["revision"])
+def test_a51_hub_only_option_on_a_local_source_is_a_usage_error(tmp_path, option):
+    src = src_with(tmp_path)
+    assert_refused(tmp_path, src, "--revision main", "local checkpoint", "drop --revision", code=2, extra=option)
+
+
+def test_a36_budget_below_the_smallest_unit_of_work_is_said(tmp_path):
+    src = src_with(tmp_path)
+    r = convert(src, tmp_path / "out", "--memory-budget", "1", algo="FP8")
+    assert r.exit_code == 0 and "--memory-budget 1:" in r.stderr and "in flight at the peak" in r.stderr, r.output
+
+
 def test_src_is_a_symlink_to_a_checkpoint(tmp_path):
     real = make_src(tmp_path / "real")
     os.symlink(real, tmp_path / "link")
@@ -506,7 +538,8 @@ def test_fifty_thousand_tiny_tensors_plan_quickly(tmp_path):
 
 
 # -- the work folder (the issue's list) -------------------------------------------------------------------------------
-@pytest.mark.parametrize("damage", ["state-garbage", "state-not-object", "journal-binary", "shard-is-a-folder", "journal-is-a-folder"])
+@pytest.mark.parametrize("damage", ["state-garbage", "state-not-object", "journal-binary", "journal-not-utf8", "shard-is-a-folder",
+                                    "journal-is-a-folder"])
 def test_resume_with_a_corrupted_work_folder(tmp_path, damage, monkeypatch):
     import quantize_cli.pipeline as pipeline
 
@@ -531,6 +564,9 @@ def test_resume_with_a_corrupted_work_folder(tmp_path, damage, monkeypatch):
         (partial / ".quantize-state.json").write_text("[1, 2]")
     elif damage == "journal-binary":
         (partial / ".quantize-journal").write_bytes(os.urandom(256) + b"\n0 zzzzzzzz\n99999 0\n")
+    elif damage == "journal-not-utf8":  # A44: a torn line with a non-UTF-8 byte
+        with open(partial / ".quantize-journal", "ab") as f:
+            f.write(b"zz \xff\n999999999999999999999 00000000\n-1 x\n")
     elif damage == "shard-is-a-folder":
         os.unlink(partial / "model.safetensors")
         os.mkdir(partial / "model.safetensors")
@@ -543,6 +579,7 @@ def test_resume_with_a_corrupted_work_folder(tmp_path, damage, monkeypatch):
         assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
     else:
         assert_clean_failure(r, 1, ".out.partial")
+        assert "rerun with --resume" not in r.stderr  # the A45 contradiction: refused resume, advised to resume
         assert not (tmp_path / "out").exists()
     r = convert(src, tmp_path / "out2")  # and a fresh run elsewhere is unaffected
     assert r.exit_code == 0
