@@ -252,11 +252,35 @@ def open_source(src: str, revision: str | None = None, quiet: bool = True) -> So
             warnings.append(f"{len(extra)} tensor(s) are in shards but not in the index (kept): {', '.join(extra[:5])}")
     if not tensors:
         raise SourceError(f"{src}: the checkpoint holds no tensors; convert a checkpoint with weights")
+    warnings += _ambiguities(root, names, wmap, config, tensors)
     sidecars, skipped = _sidecars(root)
     warnings += skipped
     source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings)
     refuse_quantized(source)
     return source
+
+
+_TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "half": "F16", "float": "F32"}
+
+
+def _ambiguities(root: str, names: list[str], wmap: dict | None, config: dict, tensors: dict) -> list[str]:
+    """Warnings for a checkpoint that loaders could read differently than we do."""
+    out = []
+    if wmap is not None:
+        stray = sorted(f for f in _listdir(root) if f.endswith(".safetensors") and f not in names)
+        if stray:
+            out.append(f"{', '.join(stray[:3])} in SRC but not named by {INDEX_NAME}: ignored (not converted, not copied); "
+                       "remove it if the index is right")
+    declared = config.get("torch_dtype", config.get("dtype"))
+    if isinstance(declared, str):
+        floats = {t.dtype for t in tensors.values() if t.dtype in FLOAT_SOURCE_DTYPES}
+        st = _TORCH_DTYPES.get(declared.removeprefix("torch."))
+        if st is None:
+            out.append(f"config.json torch_dtype {_short(declared, 40)} is not a float dtype; loaders may refuse it (copied unchanged)")
+        elif floats and st not in floats:
+            out.append(f"config.json torch_dtype {declared!r} but the tensors are {', '.join(sorted(floats))}; loaders will compute in "
+                       f"{declared} (copied unchanged); fix config.json if that is not meant")
+    return out
 
 
 def _listdir(root: str) -> list[str]:

@@ -308,12 +308,22 @@ def _index(src) -> dict:
     return json.load(open(os.path.join(src, INDEX)))
 
 
-def test_a28_unused_extra_shard_is_ignored_and_not_copied(tmp_path):
+@pytest.mark.parametrize("stray", ["model-00003-of-00003.safetensors", "model.safetensors"], ids=["unused-shard", "single-file-too"])
+def test_a28_a29_shard_the_index_does_not_name_is_ignored_with_a_warning(tmp_path, stray):
     src = make_src(tmp_path / "src")
     extra = make_src(tmp_path / "other", shards=1)
-    os.rename(os.path.join(extra, "model.safetensors"), os.path.join(src, "model-00003-of-00003.safetensors"))
-    out = converts_and_verifies(tmp_path, src)
-    assert "model-00003-of-00003.safetensors" not in os.listdir(out)
+    os.rename(os.path.join(extra, "model.safetensors"), os.path.join(src, stray))
+    r = convert(src, tmp_path / "out", algo="FP8")
+    assert r.exit_code == 0 and f"{stray} in SRC but not named by" in r.stderr, r.output
+    assert stray not in os.listdir(tmp_path / "out") or stray == "model.safetensors"
+    assert invoke("verify", tmp_path / "out", "--source", src).exit_code == 0
+
+
+@pytest.mark.parametrize("declared,said", [("float16", "but the tensors are BF16"), ("int4", "is not a float dtype")])
+def test_a23_torch_dtype_contradicting_the_headers_is_warned(tmp_path, declared, said):
+    src = src_with(tmp_path, config=dict(CFG, torch_dtype=declared))
+    r = convert(src, tmp_path / "out", algo="FP8")
+    assert r.exit_code == 0 and said in r.stderr, r.output
 
 
 def test_a28_tensor_missing_from_the_index_is_kept_with_a_warning(tmp_path):

@@ -18,7 +18,6 @@ import pytest
 import quantize_cli.checkpoint.writer as writer_mod
 from quantize_cli.checkpoint.destination import LOCK_NAME
 from quantize_cli.checkpoint.writer import ShardWriter
-from quantize_cli.cli import main
 from quantize_cli.signals import Terminated, deferred, stop_on_signals
 
 from .helpers import (
