@@ -185,7 +185,7 @@ class Executor:
         except BaseException as exc:
             # A library caller must not be left with a thread still writing. An interruption waits
             # at most a moment for the write in progress (the process is about to exit).
-            self.writer_stopped = self._out.abort(30.0 if isinstance(exc, Exception) else 0.25)
+            self.writer_stopped = self._out.abort(30.0 if isinstance(exc, Exception) else 0.05)
             raise
         finally:
             if self._prefetch is not None:

@@ -7,6 +7,7 @@ import json
 import os
 
 from .checkpoint.safetensors_io import read_header
+from .checkpoint.source import regular_file_inside
 from .errors import SourceError
 from .report import human_bytes
 
@@ -20,8 +21,8 @@ def inspect_checkpoint(path: str) -> str:
         raise SourceError(f"{path}: no *.safetensors files")
     by_dtype: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     total = 0
-    for f in shards:
-        for t in read_header(os.path.join(path, f)).tensors.values():
+    for f in shards:  # never through a link out of the folder, never a FIFO (it would block)
+        for t in read_header(regular_file_inside(path, f)).tensors.values():
             by_dtype[t.dtype][0] += 1
             by_dtype[t.dtype][1] += t.nbytes
             total += t.nbytes
@@ -47,6 +48,10 @@ def inspect_checkpoint(path: str) -> str:
 
 
 def _json(path: str) -> dict | None:
+    try:
+        regular_file_inside(os.path.dirname(path), os.path.basename(path))
+    except SourceError:
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)

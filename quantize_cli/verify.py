@@ -20,6 +20,7 @@ import torch
 
 from .checkpoint.metadata import flat_quantization_config
 from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
+from .checkpoint.source import regular_file_inside
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
@@ -63,6 +64,12 @@ class VerifyResult(FindingsResult):
 
 
 def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
+    try:
+        if os.path.lexists(path):  # never through a link out of the checkpoint, never a FIFO
+            regular_file_inside(os.path.dirname(path), os.path.basename(path))
+    except QuantizeError as exc:
+        res.add(ERROR, "bad-file", what, exc.message)
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -116,7 +123,7 @@ def _index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
     tensors: dict[str, TensorInfo] = {}
     for shard in shards:
         try:
-            header = read_header(os.path.join(path, shard))
+            header = read_header(regular_file_inside(path, shard))
         except QuantizeError as exc:
             res.add(ERROR, "shard", shard, exc.message)
             continue

@@ -32,6 +32,8 @@ class Destination:
         parent, name = os.path.split(self.dst)
         if not name:
             raise DestinationError(f"{dst}: not a valid destination folder name")
+        if len(os.fsencode(f".{name}.partial")) > 255:  # the work folder's name must fit the file system's limit
+            raise DestinationError(f"{dst[:60]}...: the name is too long for its work folder .NAME.partial (255 bytes at most); choose a shorter -o")
         self.parent = parent
         self.partial = os.path.join(parent, f".{name}.partial")
         self.lock_path = os.path.join(parent, f".{name}.lock")
@@ -143,8 +145,12 @@ class Destination:
             with contextlib.suppress(OSError):  # DST is complete and in place; durability of the rename is best effort
                 _fsync_dir(self.parent)
             self.release()
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        if old:  # the replaced DST: a folder, or a link to one (only the link goes; its target is not ours)
+            if os.path.islink(old):
+                with contextlib.suppress(OSError):
+                    os.unlink(old)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
 
     def set_aside(self, tag: str) -> str:
         """Move the (complete but refused) work folder to ``DST.<tag>`` beside DST for inspection.

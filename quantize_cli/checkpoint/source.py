@@ -144,7 +144,18 @@ def _inside(root: str, rel: str, referrer: str) -> str:
     return path
 
 
+def regular_file_inside(root: str, name: str) -> str:
+    """The path of `name` in folder `root`: a regular file whose real path stays inside `root`
+    (links out of it are refused, never followed; FIFOs and devices are never opened)."""
+    path = _inside(root, name, root)
+    if not os.path.isfile(path):
+        raise SourceError(f"{path}: not a regular file (a folder, device, FIFO or broken link); replace it with the real file")
+    return path
+
+
 def _load_json(path: str, what: str) -> dict:
+    if os.path.lexists(path):  # config.json / the index: a link out of SRC is refused like a shard's
+        _inside(os.path.dirname(path), os.path.basename(path), os.path.dirname(path))
     if not os.path.lexists(path):
         raise SourceError(f"{path}: {what} is missing; a Hugging Face checkpoint needs it")
     if not os.path.isfile(path):  # a folder, a FIFO (open() would block), a dangling link
