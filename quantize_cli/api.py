@@ -290,19 +290,14 @@ def convert(
 
 
 def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, report, timings: dict, con: Console) -> ConvertResult:
-    """--resume on a finished DST made the same way: check it (retry.py) and succeed without writing."""
-    from . import resume as journal_mod
-    from . import retry
+    """--resume on a finished DST made the same way: checked by retry.py; succeed without writing."""
+    from .retry import confirm_finished
 
-    fp = journal_mod.fingerprint(plan, options)
-    docs = metadata_docs(plan, options.get("kv_cache_dtype"), options)
-    checked = retry.check_finished(os.path.abspath(dst), plan, retry.run_record(options, fp, source_id), docs)
-    how = f"{checked} task checksum(s) verified" if checked else "headers, sizes and index verified; no checksums recorded"
-    con.info(f"{os.path.abspath(dst)}: already complete (same source and options; {how}); nothing to do")
-    doc = run_report(plan, options, None, timings, os.path.abspath(dst), status="already-complete")
+    path = confirm_finished(plan, dst, options, source_id, metadata_docs(plan, options.get("kv_cache_dtype"), options), con.info)
+    doc = run_report(plan, options, None, timings, path, status="already-complete")
     if report:
         write_json(report, doc)
-    return ConvertResult(plan, os.path.abspath(dst), doc)
+    return ConvertResult(plan, path, doc)
 
 
 def _keep_for_resume(dest: Destination, con: Console, exc: BaseException | None = None) -> None:

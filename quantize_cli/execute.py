@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 import torch
 
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
-from .errors import NumericsError
 from .experts import ViewedTensor
+from .finite import check_finite, finite_flag, raise_non_finite, refuse_non_finite_copy
 from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, Timers, load
 from .plan import Member, Plan, Task
 
@@ -239,7 +239,7 @@ class Executor:
     def _copy(self, info: TensorInfo) -> None:
         for req in self.reads(Task("copy", copy=info)):
             data = self._fetch(req)
-            _refuse_non_finite_copy(info, data)
+            refuse_non_finite_copy(info, data)
             if req.raw:
                 self._out.write(info.name, data, req.start)
                 self._consumed(req.count)
@@ -386,61 +386,6 @@ class Executor:
     def _consumed(self, n: int) -> None:
         self.stats.bytes_read += n
         self.progress(n)
-
-
-_COPIED_FLOATS = ("BF16", "F16", "F32", "F64")
-
-
-def _refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
-    """A tensor copied unquantized (lm_head, a norm) with NaN/Inf would make the output compute
-    garbage (and ``verify`` reject it): refuse it like a quantized one. `data`: raw bytes or typed."""
-    if info.dtype not in _COPIED_FLOATS or not data.numel():
-        return
-    typed = data.view(torch_dtype(info.dtype)) if data.dtype == torch.uint8 else data
-    if not bool(torch.isfinite(typed).all()):
-        raise NumericsError(
-            f"{info.name} in {info.path}: contains NaN or Inf; it is copied unquantized, but the checkpoint would compute "
-            "garbage (verify rejects it). Fix the source weights"
-        )
-
-
-def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
-    """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
-    the amax, hence into the scales of its group."""
-    device = out["weight"].device  # the constant input_scale lives on the CPU: compare on one device
-    flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
-    return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
-
-
-def check_finite(info: TensorInfo, out: dict[str, torch.Tensor], resolve=None) -> None:
-    """Refuse NaN/Inf at once (used where whole members are quantized)."""
-    if not bool(finite_flag(out)):
-        raise_non_finite(info, resolve=resolve)
-
-
-def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: bool = True, resolve=None):
-    """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too).
-
-    With ``must_find=False`` a tensor without NaN/Inf returns quietly (a group member checked
-    because another member's scale was not finite). `resolve` maps `info` to where its bytes are
-    (the --low-disk resolver); the message still names the source as planned."""
-    named, info = info, (resolve(info) if resolve is not None else info)
-    n = info.shape[0]
-    rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
-    where = ""
-    for start in range(0, n, rows):
-        bad = (~torch.isfinite(read_rows(info, start, min(rows, n - start)).float())).nonzero()
-        if bad.numel():
-            first = bad[0].tolist()
-            first[0] += start
-            where = f" (first at {first})"
-            break
-    if not where and not must_find:
-        return
-    raise NumericsError(
-        f"{named.name} in {named.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
-        f"Fix the source weights or --exclude {named.module!r}"
-    )
 
 
 __all__ = ["Executor", "RunStats", "read_rows"]

@@ -90,6 +90,17 @@ def check_finished(dst: str, plan, record: dict, docs: tuple[dict, dict]) -> int
         raise DestinationError(f"{dst}: already exists, but {exc.message}; {_FIX}") from None
 
 
+def confirm_finished(plan, dst: str, options: dict, source_id: str, docs: tuple[dict, dict], say) -> str:
+    """The whole --resume-on-a-finished-DST step: check (:func:`check_finished`), say so, return DST's path."""
+    from .resume import fingerprint
+
+    path = os.path.abspath(dst)
+    checked = check_finished(path, plan, run_record(options, fingerprint(plan, options), source_id), docs)
+    how = f"{checked} task checksum(s) verified" if checked else "headers, sizes and index verified; no checksums recorded"
+    say(f"{path}: already complete (same source and options; {how}); nothing to do")
+    return path
+
+
 def _show(value) -> str:
     if value in (None, [], ""):
         return "(none)"
@@ -165,4 +176,4 @@ class _Files:
         return self._starts[shard]
 
 
-__all__ = ["CHECKSUMS", "run_record", "seal", "finished_dst", "check_finished"]
+__all__ = ["CHECKSUMS", "run_record", "seal", "finished_dst", "check_finished", "confirm_finished"]
