@@ -26,7 +26,7 @@ from .execute import Executor
 from .output_paths import check_json_output
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
-from .report import human_bytes, run_report, write_json
+from .report import human_bytes, run_report, unplanned_report, write_json
 from .schemes import get_scheme
 
 
@@ -228,7 +228,12 @@ def convert(
             Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
         check_json_output(report, "--report", (src if os.path.isdir(src) else None, dst))
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    try:
+        plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
+        if report:
+            write_json(report, unplanned_report(src, dst, algo, exc.message))
+        raise
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))

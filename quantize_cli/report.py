@@ -128,6 +128,12 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
     return doc
 
 
+def unplanned_report(src: str, dst: str | None, algo: str, error: str) -> dict:
+    """The --report for a run that failed before a plan existed (SRC unreadable or malformed)."""
+    return {"converter": {"name": "quantize", "version": __version__}, "status": "error", "error": error,
+            "source": {"label": src}, "destination": None, "requested_destination": dst, "algo": algo}
+
+
 def _calibration(plan) -> dict | None:
     value = plan.scheme.static_input_scale
     if value is None:

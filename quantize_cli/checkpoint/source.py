@@ -153,7 +153,19 @@ def regular_file_inside(root: str, name: str) -> str:
     return path
 
 
-def _load_json(path: str, what: str) -> dict:
+def _no_conflicting_keys(path: str):
+    """A JSON object hook refusing a key listed twice with two different values (the index)."""
+    def hook(pairs):
+        doc: dict = {}
+        for k, v in pairs:
+            if k in doc and doc[k] != v:
+                raise SourceError(f"{path}: lists {_short(k)} twice ({_short(doc[k], 60)} and {_short(v, 60)}); loaders would disagree; fix the index")
+            doc[k] = v
+        return doc
+    return hook
+
+
+def _load_json(path: str, what: str, hook=None) -> dict:
     if os.path.lexists(path):  # config.json / the index: a link out of SRC is refused like a shard's
         _inside(os.path.dirname(path), os.path.basename(path), os.path.dirname(path))
     if not os.path.lexists(path):
@@ -165,7 +177,7 @@ def _load_json(path: str, what: str) -> dict:
         raise SourceError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON can be; fix or re-download it")
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, object_pairs_hook=hook)
     except UnicodeDecodeError as exc:
         raise SourceError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start}); fix or re-download it") from exc
     except RecursionError:
@@ -208,7 +220,7 @@ def _check_config(config: dict, path: str) -> None:
 def _shard_names(root: str) -> tuple[list[str], dict | None]:
     index_path = os.path.join(root, INDEX_NAME)
     if os.path.lexists(index_path):
-        index = _load_json(index_path, "the safetensors index")
+        index = _load_json(index_path, "the safetensors index", _no_conflicting_keys(index_path))
         wmap = index.get("weight_map")
         if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
             raise SourceError(f"{index_path}: 'weight_map' must map tensor names to shard files; fix the index")

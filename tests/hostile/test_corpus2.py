@@ -657,3 +657,26 @@ def test_a69_replacing_a_symlinked_dst_leaves_no_stray_entry(tmp_path):
     assert (tmp_path / "dlink").is_dir() and not (tmp_path / "dlink").is_symlink()
     assert (tmp_path / "victim" / "MARKER").read_text() == "keep"
     assert sorted(os.listdir(tmp_path)) == ["dlink", "src", "victim"]
+
+
+def test_a68_report_is_written_when_the_source_is_refused(tmp_path):
+    src = src_with(tmp_path)
+    path = os.path.join(src, "model.safetensors")
+    open(path, "r+b").truncate(os.path.getsize(path) - 100)
+    r = convert(src, tmp_path / "out", "--report", tmp_path / "r.json", algo="FP8")
+    assert_clean_failure(r, 1, "truncated")
+    doc = json.load(open(tmp_path / "r.json"))
+    assert doc["status"] == "error" and "truncated" in doc["error"] and doc["destination"] is None
+
+
+@pytest.mark.parametrize("conflict", [True, False], ids=["conflicting", "identical"])
+def test_a72_duplicate_weight_map_keys(tmp_path, conflict):
+    src = make_src(tmp_path / "src")
+    text = open(os.path.join(src, INDEX)).read()
+    dup = SHARD1 if conflict else _index(src)["weight_map"]["lm_head.weight"]
+    text = text.replace('"weight_map": {', f'"weight_map": {{"lm_head.weight": "{dup}", ', 1)
+    open(os.path.join(src, INDEX), "w").write(text)
+    if conflict:
+        assert_refused(tmp_path, src, INDEX, "'lm_head.weight' twice", "fix the index")
+    else:
+        converts_and_verifies(tmp_path, src)
