@@ -17,14 +17,16 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoint.destination import Destination
+from .checkpoint.durable import copy_durable
 from .checkpoint.metadata import hf_quant_config, output_config, write_config_files
 from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
 from .errors import DestinationError, PlanError, QuantizeError, UsageError
 from .execute import Executor
+from .output_paths import check_json_output
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
-from .report import human_bytes, run_report, write_json
+from .report import human_bytes, run_report, unplanned_report, write_json
 from .schemes import get_scheme
 from .schemes.search import with_scale_search
 
@@ -91,11 +93,13 @@ def _warm_device(dev: torch.device) -> None:
     threading.Thread(target=warm, daemon=True, name="quantize-cuda-init").start()
 
 
-def _check_writable(path: str, flag: str) -> None:
-    """Fail in the first second, not after the conversion, when a report cannot be written."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist or is not writable; create it or choose another path")
+def _local_options(src: str, revision: str | None, exclude) -> None:
+    """Options that cannot apply are usage errors, not silently ignored."""
+    if revision and (src.startswith("example:") or os.path.exists(src)):
+        raise UsageError(f"--revision {revision}: {src} is a local checkpoint, which has no revisions; drop --revision")
+    for pat in exclude or ():
+        if not str(pat).strip():
+            raise UsageError("--exclude '': an empty pattern matches every module (vLLM's substring rule); remove it or give a pattern")
 
 
 def _size(value, flag: str) -> int:
@@ -125,7 +129,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     from .checkpoint.hub import open_hub_headers
 
     scheme = with_scale_search(get_scheme(algo), scale_search)
-    source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
+    source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
                       layout=layout, act_scales=act_scales)
@@ -143,8 +147,11 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from .errors import CheckFailed
 
     scheme = get_scheme(algo)
+    _local_options(src, revision, exclude)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
+    if json:
+        check_json_output(json, "--json", (src if os.path.isdir(src) else None,))
     local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
     source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
     rec = load_recipe(recipe, source.config.get("model_type"))
@@ -165,6 +172,8 @@ def verify(dst: str, source: str | None = None, json: str | None = None, strict:
     from .errors import CheckFailed
     from .verify import verify_checkpoint
 
+    if json:
+        check_json_output(json, "--json", (dst, source if source and os.path.isdir(source) else None))
     result = verify_checkpoint(dst, source)
     print(result.to_text(), flush=True)
     if json:
@@ -241,20 +250,30 @@ def convert(
     _warm_device(dev)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
+    _local_options(src, revision, exclude)
+    from . import retry
+
+    finished = not dry_run and resume and not overwrite and retry.finished_dst(dst)  # a retry after success
     if not dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
         local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
-        Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
-    if report:
-        _check_writable(report, "--report")
+        if not finished:
+            Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
+    if report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
+        check_json_output(report, "--report", (src if os.path.isdir(src) else None, dst))
     from .publish import check_push_options
 
     check_push_options(push_to_hub, private, revision_out)
-    doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
-    on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
-                   low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc)
+    try:
+        doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
+        on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
+        plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
+                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc)
+    except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
+        if report:
+            write_json(report, unplanned_report(src, dst, algo, exc.message))
+        raise
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
@@ -276,6 +295,9 @@ def convert(
         if report:
             write_json(report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
         raise
+    source_id = plan.source.root or plan.source.label  # before --low-disk points root at its scratch folder
+    if finished:
+        return _already_complete(plan, dst, options, source_id, report, timings, con)
     for w in plan.warnings:
         con.warn(w)
     dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
@@ -285,13 +307,19 @@ def convert(
             stats = _ray().execute(plan, dest, ray_device, budget, resume, bool(report), con, kv_cache_dtype, options,
                                    on_hub and (src, revision, low_disk), ray_address)
         else:
-            stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options, low_disk and (src, revision))
+            stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
+                             low_disk and (src, plan.source.revision), source_id)
+        for w in getattr(stats, "warnings", ()):
+            con.warn(w)
+        if getattr(stats, "peak_inflight", 0) > budget:  # a single unit of work (one tensor's rows, one expert) is larger
+            con.warn(f"--memory-budget {memory_budget}: {human_bytes(stats.peak_inflight)} were in flight at the peak (the "
+                     f"smallest units of work are larger than the budget); give at least that much to stay within it")
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         verified = None
         if verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            verified = _verify_before_publishing(dest.partial, None if low_disk or (executor == "ray" and on_hub) else src, con)
+            verified = _verify_before_publishing(dest, None if low_disk or (executor == "ray" and on_hub) else src, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         from .card import write_conversion_card  # README.md: how this output was made
 
@@ -301,8 +329,8 @@ def convert(
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
-        # Out of disk / write failures can be resumed; bad data or a changed source cannot.
-        _keep_for_resume(dest, con) if isinstance(exc, DestinationError) else dest.discard()
+        # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
+        _keep_for_resume(dest, con, exc) if isinstance(exc, DestinationError) or getattr(exc, "resumable", False) else dest.discard()
         if report:
             write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
         raise
@@ -352,7 +380,7 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
 
     con = console or Console(quiet)
     if output:
-        _check_writable(output, "-o")
+        check_json_output(output, "-o", (src if os.path.isdir(src) else None,))
     dev = resolve_device(device)
     doc = run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN, dev,
                           _size(memory_budget, "--memory-budget"), revision, quiet, recipe, con.info)
@@ -362,24 +390,42 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
     return doc
 
 
-def _keep_for_resume(dest: Destination, con: Console) -> None:
-    """After a failure or interruption keep the (hidden, never finished-looking) work folder."""
+def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, report, timings: dict, con: Console) -> ConvertResult:
+    """--resume on a finished DST made the same way: checked by retry.py; succeed without writing."""
+    from .retry import confirm_finished
+
+    path = confirm_finished(plan, dst, options, source_id, metadata_docs(plan, options.get("kv_cache_dtype"), options), con.info)
+    doc = run_report(plan, options, None, timings, path, status="already-complete")
+    if report:
+        write_json(report, doc)
+    return ConvertResult(plan, path, doc)
+
+
+def _keep_for_resume(dest: Destination, con: Console, exc: BaseException | None = None) -> None:
+    """After a failure or interruption keep the (hidden, never finished-looking) work folder.
+
+    Said only when the folder is this run's (not another live run's, whose lock refused us)."""
+    owned = dest.acquired
     dest.release()
-    if os.path.isdir(dest.partial):
+    if owned and os.path.isdir(dest.partial) and not getattr(exc, "quiet_keep", False):
         con.warn(f"partial work kept in {dest.partial}; rerun with --resume to continue, or delete it")
 
 
-def _verify_before_publishing(folder: str, src: str | None, con: Console) -> None:
-    """convert --verify: run `verify` (with the source when given) on the finished work folder; refuse on errors."""
+def _verify_before_publishing(dest: Destination, src: str | None, con: Console):
+    """convert --verify: run `verify` (with the source when given) on the finished work folder; refuse on errors.
+
+    A refused output is kept beside DST (``DST.verify-failed``) for inspection, never published as DST.
+    """
     from .errors import CheckFailed
     from .verify import verify_checkpoint
 
-    res = verify_checkpoint(folder, src)
+    res = verify_checkpoint(dest.partial, src)
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
-        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written:",
-                          details=[f.message for f in res.errors])
+        kept = dest.set_aside("verify-failed")
+        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written; "
+                          f"the output is kept in {kept} for inspection:", details=[f.message for f in res.errors])
     sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
     detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the --low-disk source)"
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
@@ -411,40 +457,48 @@ def executor_sizes(budget: int) -> dict:
 
 
 def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, measure: bool, con: Console, kv, options: dict,
-             hub=None):
+             hub=None, source_id: str = ""):
     from tqdm import tqdm
 
     from . import resume as journal_mod
 
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
-    fp = journal_mod.fingerprint(plan, options)
-    executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=_quantize_fn(dev, con), measure_error=measure)
-    if earlier:
-        writer.open(fresh=False)
-        done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
-        skipped = sum(plan.tasks[i].bytes_in for i in done)
-        con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
-    else:
-        if resume:
-            con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
-        journal = journal_mod.start(dest.partial, fp)
-        writer.open(fresh=True)
-        done = set()
-    if hub:  # --low-disk: sidecars now, each source shard only while it is being read
-        from .checkpoint.hub import LazyShards, hub_sidecars
+    journal = executor = None
+    try:  # a failure anywhere leaves no open shard file behind (library callers keep running)
+        fp = journal_mod.fingerprint(plan, options)
+        executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+        if earlier:
+            writer.open(fresh=False)
+            done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
+            skipped = sum(plan.tasks[i].bytes_in for i in done)
+            con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
+        else:
+            if resume:
+                con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
+            journal = journal_mod.start(dest.partial, fp)
+            writer.open(fresh=True)
+            done = set()
+        if hub:  # --low-disk: sidecars now, each source shard only while it is being read
+            from .checkpoint.hub import LazyShards, hub_sidecars
 
-        side = dest.path(".source-sidecars")
-        plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
-        reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
-        executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads)
-    bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
-    executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
-    try:
-        stats = executor.run()
-    finally:
-        bar.close()
-        journal.close()
+            side = dest.path(".source-sidecars")
+            plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
+            reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
+            executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
+        bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
+        executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
+        try:
+            stats = executor.run()
+        finally:
+            bar.close()
+            journal.close()
+    except BaseException:
+        if executor is None or executor.writer_stopped:  # never close a file a write is still using
+            writer.abort()
+            if journal is not None:
+                journal.close()
+        raise
     try:
         t = time.perf_counter()
         writer.close()
@@ -452,7 +506,9 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         _write_metadata(plan, dest.partial, kv, options)
     except OSError as exc:
         raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc
-    journal_mod.remove_files(dest.partial)
+    from .retry import run_record, seal
+
+    seal(dest.partial, run_record(options, fp, source_id))  # the journal's CRCs + how DST was made, kept in DST
     for scratch in (".source-sidecars", ".source-shards"):
         shutil.rmtree(dest.path(scratch), ignore_errors=True)
     if hub:
@@ -460,22 +516,31 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     return stats
 
 
-def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
-    extra = None
+def metadata_docs(plan: Plan, kv, options: dict) -> tuple[dict, dict]:
+    """The (hf_quant_config.json, config.json) documents this run writes: a pure function of plan and options."""
+    from .recipe import recipe_record
+
+    # The resolved recipe is recorded so unpack and verify read the fused table and expert names back.
+    extra: dict = {"recipe": recipe_record(plan.recipe)}
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
-        extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
+        extra["layout"] = {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}
     if plan.act_scales is not None:  # read back by `verify`: which input scales are calibrated, on what
         from .report import calibration_summary
 
-        extra = {**(extra or {}), "calibration": calibration_summary(plan, full=False)}
+        extra["calibration"] = calibration_summary(plan, full=False)
     nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
     config = output_config(plan.source.config, nested)
-    if extra and "layout" in extra:
+    if "layout" in extra:
         config["quantization_config"]["layout"] = extra["layout"]
+    return nested, config
+
+
+def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
+    nested, config = metadata_docs(plan, kv, options)
     write_config_files(folder, nested, config)
     for name in plan.source.sidecars:
         try:
-            shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
+            copy_durable(os.path.join(plan.source.root, name), os.path.join(folder, name))
         except OSError as exc:
             raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc
 
@@ -486,7 +551,7 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
     from .publish import push as run
 
     if json:
-        _check_writable(json, "--json")
+        check_json_output(json, "--json", (dst,))
     record = run(dst, repo_id, private=private, revision_out=revision_out, quiet=quiet)
     if json:
         write_json(json, record)

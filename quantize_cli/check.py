@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .classify import LINEAR, ROUTER, Module
+from .errors import display
 from .matching import match_reason, vllm_rewrite
 from .plan import Plan, natural_key
 from .validate import ERROR, WARNING, Finding, FindingsResult
@@ -118,7 +119,7 @@ class CheckResult(FindingsResult):
     def to_text(self) -> str:
         p = self.plan
         lines = [f"check: {p.source.label}  algo {p.scheme.algo}  recipe {p.recipe.name}  tp {self.tp}"]
-        rows = [(m.name, p.scheme.algo if m.quantize else "keep", m.reason)
+        rows = [(display(m.name), p.scheme.algo if m.quantize else "keep", display(m.reason))
                 for m in sorted(p.modules.values(), key=lambda m: natural_key(m.name)) if m.kind in (LINEAR, ROUTER)]
         w = max((len(r[0]) for r in rows), default=6)
         lines.append(f"{'module':<{w}}  {'decision':<11}  rule")
@@ -127,10 +128,10 @@ class CheckResult(FindingsResult):
             lines.append("patterns:")
             for r in self.patterns:
                 via = ", ".join(f"{k} {len(v)}" for k, v in r.matches.items() if v) or "nothing"
-                lines.append(f"  {r.origin} {r.pattern!r}: {len(r.modules)} module(s) ({via})")
-        lines.append(f"exclude_modules to write ({len(p.exclude_modules)}): {', '.join(p.exclude_modules) or '(none)'}")
-        for f in self.findings:
-            lines.append(f"{f.level.upper():<7}  [{f.code}] {f.message}")
+                lines.append(display(f"  {r.origin} {r.pattern!r}: {len(r.modules)} module(s) ({via})"))
+        lines.append(display(f"exclude_modules to write ({len(p.exclude_modules)}): {', '.join(p.exclude_modules) or '(none)'}"))
+        for f in self.findings:  # names in messages come from strangers' files: one line each, no escape codes
+            lines.append(f"{f.level.upper():<7}  [{f.code}] {display(f.message)}")
         verdict = "FAIL" if self.errors else "OK"
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {verdict}")
         return "\n".join(lines)
@@ -150,4 +151,7 @@ def run_check(plan: Plan, exclude, tp: int) -> CheckResult:
     for rule in plan.recipe.exclude:
         rep, f = analyse_pattern(rule.pattern, f"recipe {plan.recipe.name}", plan.modules, groups)
         reports.append(rep)
+        findings += f
+    seen: set = set()  # one finding per message (the plan may already report the same offender)
+    findings = [x for x in findings if not (x.message in seen or seen.add(x.message))]
     return CheckResult(plan, tp, reports, findings)

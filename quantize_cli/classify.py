@@ -52,10 +52,17 @@ def group_modules(tensors: dict[str, TensorInfo]) -> dict[str, Module]:
     return mods
 
 
+def _at_linear_position(last: str, recipe: Recipe) -> bool:
+    """Whether a module named `last` is a Linear by name (``*_proj``, a fused member or an expert projection)."""
+    return last.endswith("_proj") or last in recipe.member_to_fused() or last in expert_names(recipe).values()
+
+
 def _kind(mod: Module, recipe: Recipe) -> str:
     w = mod.weight
     last = mod.name.rpartition(".")[2]
     if w is None or len(w.shape) != 2 or w.dtype not in FLOAT_SOURCE_DTYPES:
+        if w is not None and _at_linear_position(last, recipe):
+            return LINEAR  # a malformed Linear weight: validate.py refuses it (never silently copied)
         return NORM if w is not None and _NORM.search(last) else OTHER
     if recipe.is_router(mod.name):
         return ROUTER

@@ -24,9 +24,21 @@ def redact(text: str) -> str:
     return _TOKEN_SHAPE.sub("***", text)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # not \t and \n (\n is folded separately)
+_LONG_WORD = re.compile(r"\S{201,}")
+
+
+def display(text: str) -> str:
+    """`text` safe to print as part of one line: newlines and control characters (terminal escape
+    codes) shown escaped, and any word longer than 200 characters (a hostile tensor name) cut to 120."""
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text)).replace("\r", "\\r").replace("\n", "\\n")
+    return _LONG_WORD.sub(lambda m: m.group()[:117] + "...", text)
+
+
 def _one_line(text: str) -> str:
-    """Redacted, and on one line: names from strangers' files may hold newlines."""
-    return " ".join(redact(str(text)).splitlines())
+    """Redacted, and on one line: names from strangers' files may hold newlines and escape codes."""
+    text = " ".join(redact(str(text)).splitlines())
+    return _LONG_WORD.sub(lambda m: m.group()[:117] + "...", _CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
 
 
 class QuantizeError(Exception):

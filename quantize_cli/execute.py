@@ -21,13 +21,16 @@ from typing import Callable, Iterator
 import torch
 
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
-from .errors import NumericsError
 from .experts import ViewedTensor
+from .finite import check_finite, finite_flag, raise_non_finite, refuse_non_finite_copy
 from .pipeline import AsyncWriter, ByteBudget, Prefetcher, Read, Timers, load
 from .plan import Member, Plan, Task
 from .schemes.search import error_reduction, searched_baseline
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per read+write of a copied tensor
+# A fused-group member under this fraction of the group's shared amax quantizes to (almost) zero:
+# 448 x 1e-4 is under e4m3's smallest normal step (2^-6), so its values are subnormal or zero.
+DROWNED = 1e-4
 
 
 @dataclass
@@ -60,8 +63,10 @@ class RunStats:
     bytes_read: int = 0
     peak_inflight: int = 0
     peak_pinned: int | None = None  # CUDA only: peak pinned host bytes the caching allocator held
+    peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer; see Executor._moe)
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
+    warnings: list = field(default_factory=list)  # printed by the caller after the run
 
 
 def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
@@ -116,6 +121,7 @@ class Executor:
         self.pin = device.type == "cuda"
         self._dense_packing = plan.packing is not None and plan.packing.dense
         self._finite: list = []  # (source, 0-d bool tensor) of the current task, checked once per task
+        self.writer_stopped = True  # False after a failure that left the write thread inside a write
         self.resolver = resolver  # low-disk Hub mode: fetches a source shard on first read, drops it after its last
 
     # -- the read schedule ------------------------------------------------------------------
@@ -189,10 +195,15 @@ class Executor:
                 self._out.task_done(index, self.task_outputs(task))
             with self.timers.time("wait_write_flush"):
                 self._out.flush()
+        except BaseException as exc:
+            # A library caller must not be left with a thread still writing. An interruption waits
+            # at most a moment for the write in progress (the process is about to exit).
+            self.writer_stopped = self._out.abort(30.0 if isinstance(exc, Exception) else 0.05)
+            raise
         finally:
             if self._prefetch is not None:
                 self._prefetch.close()
-        self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak
+        self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak + self.stats.peak_held
         if self.pin:  # what the pinned buffers really cost (size classes, caching) beside what the budget counts
             self.stats.peak_pinned = torch.cuda.host_memory_stats().get("reserved_bytes.all.peak")
         self.stats.stages = {k: round(v, 3) for k, v in sorted(self.timers.seconds.items())}
@@ -222,7 +233,7 @@ class Executor:
             self._finite = []
             if not ok:
                 for info in infos:
-                    raise_non_finite(info, must_find=False)
+                    raise_non_finite(info, must_find=False, resolve=self._scan_resolve())
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""
@@ -233,12 +244,17 @@ class Executor:
         finally:
             self.resolver.release(req.info)
 
+    def _scan_resolve(self):
+        """Where a NaN scan reads a tensor: the downloaded shard in --low-disk mode (never the hub:// name)."""
+        return self.resolver.resolve if self.resolver is not None else None
+
     def _done_with(self, req: Read) -> None:
         self.read_budget.release(req.nbytes)
 
     def _copy(self, info: TensorInfo) -> None:
         for req in self.reads(Task("copy", copy=info)):
             data = self._fetch(req)
+            refuse_non_finite_copy(info, data)
             if req.raw:
                 self._out.write(info.name, data, req.start)
                 self._consumed(req.count)
@@ -291,7 +307,7 @@ class Executor:
         for k, (m, req) in enumerate(zip(members, reqs)):
             w = held[k] if held else self._fetch(req)
             out = self._calibrated(m.module, self.quantize_fn(self.scheme, w, gamax))
-            check_finite(m.source, out)
+            check_finite(m.source, out, self._scan_resolve())
             if self.measure_error:
                 self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out), searched_baseline(self.scheme, w, out))
             outs.append(out)
@@ -310,20 +326,33 @@ class Executor:
 
     def _moe(self, task: Task) -> None:
         """One MoE layer: quantize expert by expert (gate/up share their amax), write the plain
-        per-expert scales, then the packed stacks."""
+        per-expert scales, then the packed stacks.
+
+        The stacks are packed in slices of experts that fit the hold limit (a fifth of
+        --memory-budget): every layout packs each expert independently along the stacked dim 0,
+        so a slice's packed bytes land at ``first expert x bytes per expert`` and the result is
+        the same as packing the whole layer at once, while at most one slice is held.
+        """
         members = task.members
-        experts = []
-        for e in range(len(members) // 3):
-            gate, up, down = members[3 * e : 3 * e + 3]
-            q_gate, q_up = self._whole((gate, up))
-            (q_down,) = self._whole((down,))
-            for m, q in ((gate, q_gate), (up, q_up), (down, q_down)):
-                for suffix, t in q.items():
-                    if suffix != "weight" and t is not None:
-                        self._out.write(f"{m.module}.{suffix}", t)
-            experts.append({"gate": q_gate, "up": q_up, "down": q_down})
-        for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
-            self._out.write(name, t)
+        n = len(members) // 3
+        per_expert = max(1, max(sum(m.source.nbytes for m in members[3 * e : 3 * e + 3]) for e in range(n)))
+        step = max(1, min(n, self.hold_bytes // per_expert))
+        for first in range(0, n, step):
+            experts = []
+            for e in range(first, min(n, first + step)):
+                gate, up, down = members[3 * e : 3 * e + 3]
+                q_gate, q_up = self._whole((gate, up))
+                (q_down,) = self._whole((down,))
+                for m, q in ((gate, q_gate), (up, q_up), (down, q_down)):
+                    for suffix, t in q.items():
+                        if suffix != "weight" and t is not None:
+                            self._out.write(f"{m.module}.{suffix}", t)
+                experts.append({"gate": q_gate, "up": q_up, "down": q_down})
+            held = sum(t.numel() * t.element_size() for x in experts for q in x.values() for t in q.values() if t is not None)
+            self.stats.peak_held = max(self.stats.peak_held, held)
+            for name, t in self.plan.packing.pack_layer(task.group, experts).items():  # type: ignore[union-attr]
+                assert t.shape[0] == len(experts), (name, tuple(t.shape))  # stacked on dim 0, one row per expert
+                self._out.write(name, t, first * (self.plan.outputs[name].nbytes // n))
 
     def _calibrated(self, module: str, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The plan's calibrated ``input_scale`` for `module` in place of the scheme's constant."""
@@ -344,8 +373,24 @@ class Executor:
     def _group_amax(self, amaxes: list[torch.Tensor], members: tuple[Member, ...]) -> torch.Tensor:
         for m, a in zip(members, amaxes):
             if not torch.isfinite(a).item():
-                raise_non_finite(m.source)
-        return torch.stack([a.reshape(()) for a in amaxes]).amax()
+                raise_non_finite(m.source, resolve=self._scan_resolve())
+        gamax = torch.stack([a.reshape(()) for a in amaxes]).amax()
+        if len(members) > 1:
+            self._warn_drowned(members, amaxes, gamax)
+        return gamax
+
+    def _warn_drowned(self, members, amaxes, gamax) -> None:
+        """A member whose largest value is under DROWNED x the group's shared amax keeps (almost)
+        nothing after quantization (its values fall under the format's smallest step): say so, as
+        ``verify --source`` would reject it."""
+        top = float(gamax)
+        for m, a in zip(members, amaxes):
+            amax = float(a)
+            if top > 0 and 0 < amax < DROWNED * top:
+                self.stats.warnings.append(
+                    f"{m.source.name}: its largest value {amax:.3g} is {top / amax:.3g}x below the scale it shares with its fused group "
+                    f"(amax {top:.3g}); after {self.scheme.algo} it is (almost) all zero. Check the source weights; verify --source will fail it"
+                )
 
     def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
         if w is None:
@@ -369,43 +414,6 @@ class Executor:
     def _consumed(self, n: int) -> None:
         self.stats.bytes_read += n
         self.progress(n)
-
-
-def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
-    """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
-    the amax, hence into the scales of its group."""
-    device = out["weight"].device  # the constant input_scale lives on the CPU: compare on one device
-    flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
-    return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
-
-
-def check_finite(info: TensorInfo, out: dict[str, torch.Tensor]) -> None:
-    """Refuse NaN/Inf at once (used where whole members are quantized)."""
-    if not bool(finite_flag(out)):
-        raise_non_finite(info)
-
-
-def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: bool = True):
-    """Name the tensor and its first NaN/Inf, scanning in row chunks (bounded memory here too).
-
-    With ``must_find=False`` a tensor without NaN/Inf returns quietly (a group member checked
-    because another member's scale was not finite)."""
-    n = info.shape[0]
-    rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
-    where = ""
-    for start in range(0, n, rows):
-        bad = (~torch.isfinite(read_rows(info, start, min(rows, n - start)).float())).nonzero()
-        if bad.numel():
-            first = bad[0].tolist()
-            first[0] += start
-            where = f" (first at {first})"
-            break
-    if not where and not must_find:
-        return
-    raise NumericsError(
-        f"{info.name} in {info.path}: contains NaN or Inf{where}; quantization scales would be NaN. "
-        f"Fix the source weights or --exclude {info.module!r}"
-    )
 
 
 __all__ = ["Executor", "RunStats", "read_rows"]

@@ -11,6 +11,7 @@ import json
 import os
 
 from .checkpoint.safetensors_io import read_header
+from .checkpoint.source import regular_file_inside
 from .errors import SourceError
 from .report import human_bytes
 
@@ -21,7 +22,8 @@ def inspect_checkpoint(path: str, revision: str | None = None) -> str:
         shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if not shards:
             raise SourceError(f"{path}: no *.safetensors files")
-        infos = [t for f in shards for t in read_header(os.path.join(path, f)).tensors.values()]
+        # never through a link out of the folder, never a FIFO (it would block)
+        infos = [t for f in shards for t in read_header(regular_file_inside(path, f)).tensors.values()]
         config, nested = _json(os.path.join(path, "config.json")), _json(os.path.join(path, "hf_quant_config.json"))
     else:
         from .checkpoint.source import _REPO_ID
@@ -75,6 +77,10 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
 
 
 def _json(path: str) -> dict | None:
+    try:
+        regular_file_inside(os.path.dirname(path), os.path.basename(path))
+    except SourceError:
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)

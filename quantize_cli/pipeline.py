@@ -240,6 +240,22 @@ class AsyncWriter:
         item = ("task", index, names)
         self._do(item) if self._q is None else self._q.put(item)
 
+    def abort(self, timeout: float | None = None) -> bool:
+        """After a failure elsewhere: drop every queued write and join the thread.
+
+        Returns True when the thread has stopped (no write runs after this returns); False when
+        it is still inside one write after `timeout` seconds (then the files must stay open).
+        """
+        if self._q is not None and self._thread is not None:
+            if self._error is None:
+                self._error = RuntimeError("aborted")
+            self._q.put(None)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+            self._q, self._thread = None, None
+        return True
+
     def flush(self) -> None:
         """Wait until every queued write is on disk (page cache); raise the first write error."""
         if self._q is not None and self._thread is not None:

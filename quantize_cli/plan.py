@@ -133,7 +133,10 @@ def parse_size(text: str | int) -> int:
     unit = (m.group(2) or "B").upper()
     base = 1024 if "I" in unit else 1000
     power = "BKMGT".index(unit[0])
-    return int(float(m.group(1)) * base**power)
+    try:
+        return int(float(m.group(1)) * base**power)
+    except OverflowError:  # thousands of digits: float() gives inf
+        raise ValueError(f"{str(text)[:40]!r}... is too large to be a size; use e.g. 5GB") from None
 
 
 def _packing(layout: str, scheme: Scheme, config: dict, findings: list[Finding]) -> Packing | None:
@@ -160,8 +163,9 @@ def _user_excludes(module: str, patterns) -> bool:
     return any(match_reason(module, e) for p in patterns for e in vllm_rewrite([p]))
 
 
-def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict]) -> dict[str, OutTensor]:
-    outs: dict[str, OutTensor] = {}
+def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict],
+             findings: list[Finding] | None = None) -> dict[str, OutTensor]:
+    outs = _ClashCheckingDict(findings)
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
@@ -181,7 +185,24 @@ def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, s
     for specs in stacks.values():
         for name, (dtype, shape) in specs.items():
             outs[name] = OutTensor(name, dtype, shape, nbytes_of(dtype, shape))
-    return outs
+    return dict(outs)
+
+
+class _ClashCheckingDict(dict):
+    """Output name -> OutTensor; a second writer for one name (a source tensor named like a tensor
+    the conversion generates, e.g. ``up_proj.input_scale``) is an error finding, never an overwrite."""
+
+    def __init__(self, findings: list[Finding] | None):
+        super().__init__()
+        self.findings = findings if findings is not None else []
+
+    def __setitem__(self, name: str, out: OutTensor) -> None:
+        if name in self:
+            self.findings.append(Finding(ERROR, "name-clash", name,
+                f"{name}: the source has a tensor of this name and the conversion also writes one; the checkpoint is "
+                "already (partly) quantized or mislabelled; remove that tensor or convert the original checkpoint"))
+            return
+        super().__setitem__(name, out)
 
 
 def _moe_stacks(mods: dict[str, Module], recipe: Recipe, packing: Packing | None, findings: list[Finding]) -> dict[str, dict]:
@@ -315,7 +336,7 @@ def build_plan(
     calib = for_plan(act_scales, mods, groups, scheme, kv_cache_dtype, findings)  # act_scales: a ScalesDoc or None
     kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks), **kv_outs}, max_shard_size)
+    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, findings), **kv_outs}, max_shard_size)
     return Plan(
         source=source,
         scheme=scheme,

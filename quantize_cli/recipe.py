@@ -155,8 +155,14 @@ def load_recipe(name_or_path: str | None, model_type: str | None = None) -> Reci
         if name_or_path in _builtin_raw():
             return _build(_builtin_raw()[name_or_path], f"recipes/{name_or_path}.yaml")
         if os.path.isfile(name_or_path):
-            with open(name_or_path, encoding="utf-8") as f:
-                return _build(_parse_yaml(f.read(), name_or_path), name_or_path)
+            try:
+                with open(name_or_path, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError as exc:
+                raise PlanError(f"{name_or_path}: the recipe is not UTF-8 text ({exc.reason} at byte {exc.start}); fix the recipe file") from None
+            except OSError as exc:
+                raise PlanError(f"{name_or_path}: cannot read the recipe ({exc.strerror}); check the path and permissions") from None
+            return _build(_parse_yaml(text, name_or_path), name_or_path)
         raise UsageError(
             f"--recipe {name_or_path!r} is neither a shipped recipe ({', '.join(builtin_names())}) nor a file"
         )
@@ -164,6 +170,38 @@ def load_recipe(name_or_path: str | None, model_type: str | None = None) -> Reci
         if model_type and model_type in (raw.get("model_types") or ()):
             return _build(raw, f"recipes/{name}.yaml")
     return _build(_builtin_raw()["default"], "recipes/default.yaml")
+
+
+def recipe_record(r: Recipe) -> dict:
+    """The resolved recipe as plain data, recorded in an output's hf_quant_config.json (``converter.recipe``)."""
+    doc = {
+        "name": r.name,
+        "fused": {k: list(v) for k, v in r.fused.items()},
+        "exclude": [{"pattern": x.pattern, "reason": x.reason} for x in r.exclude],
+        "routers": list(r.routers),
+        "subtrees": [{"pattern": x.pattern, "reason": x.reason} for x in r.subtrees],
+        "experts": r.experts,
+        "parallel": {k: list(v) for k, v in r.parallel.items()},
+    }
+    return doc
+
+
+def recipe_of_output(nested: dict | None, model_type: str | None, where: str) -> Recipe:
+    """The recipe an output was converted with: the record in its hf_quant_config.json, else (an
+    older or foreign output) the recipe for `model_type`."""
+    record = ((nested or {}).get("converter") or {}).get("recipe") if isinstance((nested or {}).get("converter"), dict) else None
+    if record is None:
+        return load_recipe(None, model_type)
+    if not isinstance(record, dict) or "extends" in record:
+        raise PlanError(f"{where}: converter.recipe must be a resolved recipe mapping; re-convert or remove the record")
+    return _build(_parse_dict(record, where), where)
+
+
+def _parse_dict(raw: dict, where: str) -> dict:
+    unknown = set(raw) - _KNOWN_KEYS
+    if unknown:
+        raise PlanError(f"{where}: converter.recipe has unknown key(s) {sorted(unknown)}; re-convert or remove the record")
+    return raw
 
 
 def describe(name_or_path: str) -> str:

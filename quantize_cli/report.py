@@ -8,6 +8,7 @@ import os
 import statistics
 
 from . import __version__
+from .errors import display
 
 # Bumped when a key of the --report document is removed or changes meaning (docs/ci.md).
 REPORT_SCHEMA_VERSION = 1
@@ -36,7 +37,7 @@ def _module_rows(plan) -> list[tuple[str, str, str, str]]:
 
 def plan_text(plan) -> str:
     """One line per module (action, dtype+shape, tensors, reason), then groups, exclusions, totals."""
-    rows = _module_rows(plan)
+    rows = [tuple(display(x) for x in r) for r in _module_rows(plan)]  # names come from strangers' files
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     w2 = max(len(r[2]) for r in rows)
@@ -48,15 +49,15 @@ def plan_text(plan) -> str:
     if plan.groups:
         shared = "share one global scale" if plan.scheme.shares_global_amax else "are quantized per member"
         lines.append(f"fused groups ({len(plan.groups)}; members {shared}):")
-        lines += [f"  {k}: {', '.join(v)}" for k, v in plan.groups.items()]
-    lines.append(f"exclude_modules ({len(plan.exclude_modules)}): {', '.join(plan.exclude_modules) or '(none)'}")
+        lines += [display(f"  {k}: {', '.join(v)}") for k, v in plan.groups.items()]
+    lines.append(display(f"exclude_modules ({len(plan.exclude_modules)}): {', '.join(plan.exclude_modules) or '(none)'}"))
     n_q = len(plan.quantized)
     lines.append(
         f"totals: {n_q} Linear(s) quantized, {len(plan.modules) - n_q} module(s) kept/copied; "
         f"bytes in {human_bytes(plan.bytes_in)}, out {human_bytes(plan.bytes_out)} in {len(plan.shard_names)} shard(s)"
     )
-    lines += [f"warning: {w}" for w in plan.warnings]
-    lines += [f"problem: {p}" for p in plan.problems]
+    lines += [f"warning: {display(w)}" for w in plan.warnings]
+    lines += [f"problem: {display(p)}" for p in plan.problems]
     return "\n".join(lines)
 
 
@@ -140,6 +141,12 @@ def _search_summary(tensors: list[dict]) -> dict:
         return {}
     return {"median_sqnr_gain_db": statistics.median(gains), "min_sqnr_gain_db": min(gains),
             "median_mse_reduction": statistics.median(red), "min_mse_reduction": min(red)}
+
+
+def unplanned_report(src: str, dst: str | None, algo: str, error: str) -> dict:
+    """The --report for a run that failed before a plan existed (SRC unreadable or malformed)."""
+    return {"converter": {"name": "quantize", "version": __version__}, "status": "error", "error": error,
+            "source": {"label": src}, "destination": None, "requested_destination": dst, "algo": algo}
 
 
 def _calibration(plan) -> dict | None:

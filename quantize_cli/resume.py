@@ -22,6 +22,7 @@ import struct
 import threading
 
 from . import __version__, checksum
+from .checkpoint.durable import write_atomic
 from .checkpoint.safetensors_io import TensorInfo
 from .errors import DestinationError
 
@@ -47,14 +48,14 @@ def fingerprint(plan, options: dict) -> str:
         "shards": plan.shard_names,
         "source": {os.path.basename(p): _shard_identity(p) for p in paths},
         "source_label": plan.source.root or plan.source.label,
+        "source_revision": getattr(plan.source, "revision", None),  # --low-disk: the pinned Hub commit
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def start(folder: str, fp: str) -> "Journal":
     """A fresh run: record the fingerprint, start an empty journal."""
-    with open(os.path.join(folder, STATE), "w") as f:
-        json.dump({"fingerprint": fp, "converter": __version__}, f)
+    write_atomic(os.path.join(folder, STATE), json.dumps({"fingerprint": fp, "converter": __version__}).encode())
     return Journal(folder, truncate=True)
 
 
@@ -63,27 +64,40 @@ def resume(folder: str, fp: str, plan, task_outputs, writer) -> tuple[set[int], 
     try:
         with open(os.path.join(folder, STATE)) as f:
             state = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         state = {}
-    if state.get("fingerprint") != fp:
-        raise DestinationError(
+    if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), str):
+        err = DestinationError(f"{folder}: its resume state ({STATE}) is missing or unreadable; rerun without --resume to start over")
+    elif state["fingerprint"] != fp:
+        err = DestinationError(
             f"{folder}: the earlier run used other options or another source (fingerprint differs); "
-            f"rerun without --resume to start over"
+            f"rerun with the earlier options, or without --resume to start over"
         )
-    claimed = {}
-    try:
-        with open(os.path.join(folder, JOURNAL)) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0].isdigit():
-                    claimed[int(parts[0])] = parts[1]
-    except FileNotFoundError:
-        pass
+    else:
+        err = None
+    if err is not None:
+        err.quiet_keep = True  # the folder is kept, but "rerun with --resume" would be the wrong advice
+        raise err
+    claimed = read_journal(os.path.join(folder, JOURNAL))
     done = {i for i, crc in claimed.items() if i < len(plan.tasks) and _crc_on_disk(writer, task_outputs(plan.tasks[i])) == crc}
     journal = Journal(folder, truncate=True)
     for i in sorted(done):  # rewrite the journal with the verified tasks only
         journal.append(i, claimed[i])
     return done, journal
+
+
+def read_journal(path: str) -> dict[int, str]:
+    """``{task index: crc}`` from a journal file (malformed lines, e.g. a torn last one, are skipped)."""
+    claimed = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[0].isdigit():
+                    claimed[int(parts[0])] = parts[1]
+    except (FileNotFoundError, IsADirectoryError):
+        pass
+    return claimed
 
 
 def _crc_on_disk(writer, names: list[str]) -> str:
@@ -115,7 +129,7 @@ class Journal:
 
 
 def remove_files(folder: str) -> None:
-    """Drop the resume bookkeeping once the output is complete."""
+    """Drop the resume bookkeeping once the output is complete (retry.seal keeps its CRCs first)."""
     for name in (STATE, JOURNAL):
         try:
             os.unlink(os.path.join(folder, name))
@@ -123,4 +137,4 @@ def remove_files(folder: str) -> None:
             pass
 
 
-__all__ = ["fingerprint", "start", "resume", "remove_files", "TensorInfo"]
+__all__ = ["fingerprint", "start", "resume", "read_journal", "remove_files", "TensorInfo"]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import torch
 
 from . import layouts
 from .checkpoint.destination import Destination
+from .checkpoint.durable import copy_durable
 from .checkpoint.metadata import write_config_files
 from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_dtype
 from .checkpoint.writer import ShardWriter
@@ -23,7 +23,7 @@ from .errors import SourceError
 from .experts import expert_names
 from .packing import ACT_DTYPES, unstack
 from .plan import OutTensor, _assign_shards, parse_size
-from .recipe import load_recipe
+from .recipe import recipe_of_output
 from .schemes import SCHEMES
 
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
@@ -51,7 +51,7 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     sfx = layouts.suffix(layout)
     scheme = next(s for s in SCHEMES.values() if s.quant_algo == nested["quantization"]["quant_algo"])
     act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), torch.bfloat16)
-    names = expert_names(load_recipe(None, config.get("model_type")))
+    names = expert_names(recipe_of_output(nested, config.get("model_type"), os.path.join(src, "hf_quant_config.json")))
     shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
     tensors = {n: t for f in shards for n, t in read_header(os.path.join(src, f)).tensors.items()}
     modules: dict[str, dict] = {}
@@ -89,8 +89,8 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     outs, shard_names = _assign_shards(specs, parse_size(record.get("max_shard_size", "5GB")))
     dest = Destination(dst, src_root=src, overwrite=overwrite)
     dest.acquire()
+    writer = ShardWriter(dest.partial, outs, shard_names)
     try:
-        writer = ShardWriter(dest.partial, outs, shard_names)
         writer.open()
         for name, t in produce():
             writer.write(name, t)
@@ -98,6 +98,7 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
         _write_configs(dest.partial, nested, config, src)
         dest.commit()
     except BaseException:
+        writer.abort()  # no shard file stays open in a library caller
         dest.discard()
         raise
     return dest.dst
@@ -113,7 +114,7 @@ def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
         path = os.path.join(src, name)
         if name in _SKIP or name.endswith(".safetensors") or name.startswith(".") or not os.path.isfile(path):
             continue
-        shutil.copyfile(path, os.path.join(folder, name))
+        copy_durable(path, os.path.join(folder, name))
     from .card import mark_unpacked
 
     mark_unpacked(folder, nested, os.path.basename(src.rstrip("/")))  # the copied card: plain layout, serve lines

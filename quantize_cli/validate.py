@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
 from .schemes import Scheme
@@ -120,6 +121,12 @@ def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict
         if not mod.quantize:
             continue
         target = mod.vllm_prefix  # the whole fused group / MoE layer when the module is part of one
+        w = mod.weight
+        if len(w.shape) != 2 or w.dtype not in FLOAT_SOURCE_DTYPES:  # type: ignore[union-attr]
+            out.append(Finding(ERROR, "shape", mod.name,
+                f"{w.name} {w.dtype}{list(w.shape)}: a Linear weight must be a 2-D bf16/fp16/fp32 tensor; "  # type: ignore[union-attr]
+                f"fix the checkpoint, or --exclude {target!r} to copy it unchanged"))
+            continue
         part, why = partition_shape(mod, recipe, config, tp)
         if why is None:
             why = scheme.shape_problem(part)  # type: ignore[arg-type]

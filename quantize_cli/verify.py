@@ -20,10 +20,11 @@ import torch
 
 from .checkpoint.metadata import flat_quantization_config
 from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
+from .checkpoint.source import regular_file_inside
 from .classify import LINEAR, classify, fused_groups, natural_key
-from .errors import QuantizeError
+from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
-from .recipe import load_recipe
+from .recipe import load_recipe, recipe_of_output
 from .schemes import SCHEMES, Scheme
 from .validate import ERROR, WARNING, Finding, FindingsResult
 
@@ -60,19 +61,27 @@ class VerifyResult(FindingsResult):
         lines = [f"verify: {self.path}  algo {self.algo}  {len(self.quantized)} quantized module(s)"]
         for name, e in sorted(self.errors_by_tensor.items(), key=lambda kv: natural_key(kv[0])):
             gain = f"  vs round-to-nearest {e['sqnr_gain_db']:+.2f} dB (mse -{100 * e['mse_reduction']:.1f}%)" if "sqnr_gain_db" in e else ""
-            lines.append(f"  {name:<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}{gain}")
+            lines.append(f"  {display(name):<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}{gain}")
         if self.input_scales:
-            lines.append(f"input scales: {self.input_scales}")
-        lines += [f"{f.level.upper():<7}  [{f.code}] {f.message}" for f in self.findings]
+            lines.append(f"input scales: {display(self.input_scales)}")
+        lines += [f"{f.level.upper():<7}  [{f.code}] {display(f.message)}" for f in self.findings]  # one line each
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
         return "\n".join(lines)
 
 
 def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
     try:
+        if os.path.lexists(path):  # never through a link out of the checkpoint, never a FIFO
+            regular_file_inside(os.path.dirname(path), os.path.basename(path))
+    except QuantizeError as exc:
+        res.add(ERROR, "bad-file", what, exc.message)
+        return None
+    try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
+        if isinstance(doc, dict):
+            return doc
+        res.add(ERROR, "bad-file", what, f"{path}: must be a JSON object, got {type(doc).__name__}; a loader cannot read it")
     except FileNotFoundError:
         res.add(ERROR, "missing-file", what, f"{path}: missing; a ModelOpt checkpoint needs {what}")
     except (OSError, ValueError) as exc:
@@ -120,7 +129,7 @@ def _index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
     tensors: dict[str, TensorInfo] = {}
     for shard in shards:
         try:
-            header = read_header(os.path.join(path, shard))
+            header = read_header(regular_file_inside(path, shard))
         except QuantizeError as exc:
             res.add(ERROR, "shard", shard, exc.message)
             continue
@@ -175,8 +184,12 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
     return quantized
 
 
-def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult):
-    recipe = load_recipe(None, config.get("model_type"))
+def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, nested: dict | None = None):
+    try:  # the recipe the output was converted with (recorded), else the one for its model_type
+        recipe = recipe_of_output(nested, config.get("model_type"), os.path.join(res.path, "hf_quant_config.json"))
+    except QuantizeError as exc:
+        res.add(ERROR, "config", "converter.recipe", exc.message)
+        recipe = load_recipe(None, config.get("model_type"))
     float_view = {n: (TensorInfo(n, "BF16", t.shape, t.path, t.offset, t.nbytes) if t.module in quantized and t.leaf == "weight" else t)
                   for n, t in tensors.items()}
     mods = classify(float_view, recipe, [], config.get("num_hidden_layers"))
@@ -246,7 +259,7 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     res.input_scales = _input_scales(nested, scheme)
     quantized = _check_modules(tensors, scheme, res)
     exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
-    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res)
+    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res, nested)
     _check_shared_scales(mods, recipe, scheme, tensors, res)
     _check_finite(tensors, res)
     if source:

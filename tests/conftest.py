@@ -33,8 +33,10 @@ def load_all(folder) -> dict[str, torch.Tensor]:
 
 def output_files(folder) -> dict[str, bytes]:
     """Every file of a converted checkpoint by name, except the model card (README.md names its own
-    DST and command line, so it differs between any two outputs; tests/test_card.py checks it)."""
-    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder)) if f != "README.md"}
+    DST and command line, so it differs between any two outputs; tests/test_card.py checks it) and
+    hidden bookkeeping (.quantize-checksums records how and where each output was made)."""
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))
+            if f != "README.md" and not f.startswith(".")}
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -9,6 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from quantize_cli.api import convert
+from quantize_cli.checkpoint.safetensors_io import st_dtype
 from quantize_cli.example import llama_config, llama_tensors
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
@@ -36,6 +37,7 @@ def test_every_output_tensor_and_config(tiny_llama, tmp_path, algo):
         assert {k for k in out if k.startswith(mod + ".")} == {f"{mod}.{k}" for k in spec}
         for k, (dtype, shape) in spec.items():
             assert tuple(got[k].shape) == shape, (mod, k)
+            assert st_dtype(got[k].dtype) == dtype, (mod, k, got[k].dtype)
         assert sqnr_db(w.float(), scheme.dequantize(got)) > (15 if "NVFP4" in algo else 25)
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"):
         assert_same_bytes(out[name], src[name], name)

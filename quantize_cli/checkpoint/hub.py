@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import struct
 import threading
 
@@ -17,10 +18,41 @@ from .safetensors_io import DTYPES, TensorInfo, nbytes_of
 from .source import Source, refuse_quantized
 
 
-def open_hub_headers(repo_id: str, revision: str | None = None) -> Source:
-    """A :class:`Source` for `repo_id` built from remote headers (tensor data is never fetched)."""
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def resolve_commit(repo_id: str, revision: str | None) -> str:
+    """`revision` (branch, tag, None = main) as the commit hash it points at now.
+
+    --low-disk downloads shards over hours; pinning the commit once means every shard, the
+    headers planned from and a later ``--resume`` all read the same revision.
+    """
+    if revision and _COMMIT.match(revision):
+        return revision
+    try:
+        import huggingface_hub
+
+        sha = huggingface_hub.model_info(repo_id, revision=revision).sha
+    except Exception as exc:  # every hub failure means the same thing here
+        raise SourceError(
+            f"{repo_id}: cannot resolve --revision {revision or 'main'} to a commit on the Hub ({type(exc).__name__}); "
+            "check the repo id, revision, token and network"
+        ) from exc
+    if not isinstance(sha, str) or not _COMMIT.match(sha):
+        raise SourceError(f"{repo_id}: the Hub gave no commit hash for --revision {revision or 'main'}; pass the commit hash itself")
+    return sha
+
+
+def open_hub_headers(repo_id: str, revision: str | None = None, pin: bool = False) -> Source:
+    """A :class:`Source` for `repo_id` built from remote headers (tensor data is never fetched).
+
+    `pin`: resolve `revision` to a commit first and read everything at that commit (recorded as
+    ``source.revision``).
+    """
+    if pin:
+        revision = resolve_commit(repo_id, revision)
     config, tensors, files = hub_headers(repo_id, revision)
-    source = Source(repo_id, "", config, tensors, files, [], from_hub=True)
+    source = Source(repo_id, "", config, tensors, files, [], from_hub=True, revision=revision if pin else None)
     refuse_quantized(source)
     return source
 
@@ -59,7 +91,7 @@ class LazyShards:
     members sit in two shards holds both).
     """
 
-    def __init__(self, repo_id: str, revision: str | None, folder: str, reads):
+    def __init__(self, repo_id: str, revision: str | None, folder: str, reads, planned: dict | None = None):
         import collections
 
         self.repo_id, self.revision, self.folder = repo_id, revision, folder
@@ -67,6 +99,11 @@ class LazyShards:
         self.local: dict[str, tuple[str, int]] = {}
         self.peak_files = 0
         self._lock = threading.Lock()
+        # hub path -> {tensor: (dtype, shape, offset in the data section, nbytes)}: what the plan was built from
+        self.planned: dict[str, dict] = {}
+        for t in (planned or {}).values():
+            if t.path.startswith("hub://"):
+                self.planned.setdefault(t.path, {})[t.name] = (t.dtype, tuple(t.shape), t.offset, t.nbytes)
 
     def resolve(self, info: TensorInfo) -> TensorInfo:
         """`info` rebound to the downloaded shard (absolute offset); downloads it if needed."""
@@ -74,7 +111,7 @@ class LazyShards:
             return info
         with self._lock:
             if info.path not in self.local:
-                self.local[info.path] = self._fetch(info.path.rsplit("/", 1)[1])
+                self.local[info.path] = self._fetch(info.path.rsplit("/", 1)[1], self.planned.get(info.path))
                 self.peak_files = max(self.peak_files, len(self.local))
             path, data_start = self.local[info.path]
         return dataclasses.replace(info, path=path, offset=data_start + info.offset)
@@ -85,16 +122,27 @@ class LazyShards:
             if self.remaining[info.path] <= 0 and info.path in self.local:
                 os.remove(self.local.pop(info.path)[0])
 
-    def _fetch(self, filename: str) -> tuple[str, int]:
+    def _fetch(self, filename: str, planned: dict | None = None) -> tuple[str, int]:
         try:
             from huggingface_hub import hf_hub_download
 
             path = hf_hub_download(self.repo_id, filename, revision=self.revision, local_dir=self.folder)
         except Exception as exc:
-            raise SourceError(f"{self.repo_id}:{filename}: download failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable") from exc
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-        return path, 8 + n
+            err = SourceError(f"{self.repo_id}:{filename}: download failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable")
+            err.resumable = True  # api.py keeps the work folder for this one
+            raise err from exc
+        from .safetensors_io import read_header
+
+        header = read_header(path, display=f"{self.repo_id}:{filename}")
+        if planned is not None:
+            got = {n: (t.dtype, tuple(t.shape), t.offset - header.data_start, t.nbytes) for n, t in header.tensors.items()}
+            if got != planned:
+                changed = sorted(set(got) ^ set(planned)) or sorted(n for n in got if got[n] != planned.get(n))
+                raise SourceError(
+                    f"{self.repo_id}:{filename}: the downloaded header differs from the one planned from "
+                    f"(first: {changed[0]!r}); the file changed on the Hub; rerun without --resume to plan again"
+                )
+        return path, header.data_start
 
 
 def hub_sidecars(repo_id: str, revision: str | None, folder: str) -> list[str]:
@@ -104,5 +152,10 @@ def hub_sidecars(repo_id: str, revision: str | None, folder: str) -> list[str]:
     from .source import HUB_PATTERNS, _NOT_SIDECARS
 
     patterns = [p for p in HUB_PATTERNS if p != "*.safetensors"]
-    snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_dir=folder)
+    try:
+        snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_dir=folder)
+    except Exception as exc:
+        err = SourceError(f"{repo_id}: downloading the tokenizer and config files failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable")
+        err.resumable = True
+        raise err from exc
     return sorted(f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f)) and not _NOT_SIDECARS.match(f))

@@ -93,7 +93,7 @@ def output_config(source_config: dict, nested: dict) -> dict:
 
 def write_config_files(folder: str, nested: dict, config: dict) -> None:
     """Write ``hf_quant_config.json`` (indent 4, as ModelOpt) and ``config.json`` into `folder`."""
+    from .durable import write_atomic
+
     for name, doc, indent in (("hf_quant_config.json", nested, 4), ("config.json", config, 2)):
-        with open(os.path.join(folder, name), "w") as f:
-            json.dump(doc, f, indent=indent)
-            f.write("\n")
+        write_atomic(os.path.join(folder, name), (json.dumps(doc, indent=indent) + "\n").encode())

@@ -202,7 +202,7 @@ def _parse_entry(name, entry, where, data_len, path, data_start) -> TensorInfo:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise SourceError(f"{bad} has unknown dtype {_short(dtype, 60)} (known: {', '.join(DTYPES)}); convert it to a standard dtype")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise SourceError(f"{bad} has an invalid shape {_short(shape)}: must be a list of non-negative integers")
+        raise SourceError(f"{bad} has an invalid shape {_short(shape)}: must be a list of non-negative integers; the file is corrupt; re-export it")
     if len(shape) > MAX_RANK:  # also bounds the big-integer product below
         raise SourceError(f"{bad} has {len(shape)} dimensions, more than torch's {MAX_RANK}; the file is corrupt")
     if (
@@ -213,7 +213,7 @@ def _parse_entry(name, entry, where, data_len, path, data_start) -> TensorInfo:
     size = nbytes_of(dtype, tuple(shape))
     if offs[1] - offs[0] != size:
         raise SourceError(
-            f"{bad}: data_offsets span {_num(offs[1] - offs[0])} bytes but {dtype}{_short(shape, 80)} needs {_num(size)}; the file is corrupt"
+            f"{bad}: data_offsets span {_num(offs[1] - offs[0])} bytes but {dtype}{_short(shape, 80)} needs {_num(size)}; the file is corrupt; re-export it"
         )
     if offs[1] > data_len:
         raise SourceError(

@@ -42,6 +42,7 @@ class Source:
     sidecars: list[str] = field(default_factory=list)
     from_hub: bool = False
     warnings: list[str] = field(default_factory=list)
+    revision: str | None = None  # the Hub commit the headers were read at (--low-disk pins it)
 
     @property
     def total_bytes(self) -> int:
@@ -143,7 +144,30 @@ def _inside(root: str, rel: str, referrer: str) -> str:
     return path
 
 
-def _load_json(path: str, what: str) -> dict:
+def regular_file_inside(root: str, name: str) -> str:
+    """The path of `name` in folder `root`: a regular file whose real path stays inside `root`
+    (links out of it are refused, never followed; FIFOs and devices are never opened)."""
+    path = _inside(root, name, root)
+    if not os.path.isfile(path):
+        raise SourceError(f"{path}: not a regular file (a folder, device, FIFO or broken link); replace it with the real file")
+    return path
+
+
+def _no_conflicting_keys(path: str):
+    """A JSON object hook refusing a key listed twice with two different values (the index)."""
+    def hook(pairs):
+        doc: dict = {}
+        for k, v in pairs:
+            if k in doc and doc[k] != v:
+                raise SourceError(f"{path}: lists {_short(k)} twice ({_short(doc[k], 60)} and {_short(v, 60)}); loaders would disagree; fix the index")
+            doc[k] = v
+        return doc
+    return hook
+
+
+def _load_json(path: str, what: str, hook=None) -> dict:
+    if os.path.lexists(path):  # config.json / the index: a link out of SRC is refused like a shard's
+        _inside(os.path.dirname(path), os.path.basename(path), os.path.dirname(path))
     if not os.path.lexists(path):
         raise SourceError(f"{path}: {what} is missing; a Hugging Face checkpoint needs it")
     if not os.path.isfile(path):  # a folder, a FIFO (open() would block), a dangling link
@@ -153,7 +177,7 @@ def _load_json(path: str, what: str) -> dict:
         raise SourceError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON can be; fix or re-download it")
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, object_pairs_hook=hook)
     except UnicodeDecodeError as exc:
         raise SourceError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start}); fix or re-download it") from exc
     except RecursionError:
@@ -182,6 +206,10 @@ def _check_config(config: dict, path: str) -> None:
             raise SourceError(
                 f"{path}: '{key}' is {type(value).__name__} {_short(value, 60)}, expected {types[0].__name__}; fix config.json"
             )
+    for where, doc in (("", config), ("text_config.", config.get("text_config"))):
+        n = doc.get("num_hidden_layers") if isinstance(doc, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n < 0:
+            raise SourceError(f"{path}: '{where}num_hidden_layers' is {n}, a layer count cannot be negative; fix config.json")
     text = config.get("text_config")
     if isinstance(text, dict) and text.get("num_hidden_layers") is not None:
         n = text["num_hidden_layers"]
@@ -192,7 +220,7 @@ def _check_config(config: dict, path: str) -> None:
 def _shard_names(root: str) -> tuple[list[str], dict | None]:
     index_path = os.path.join(root, INDEX_NAME)
     if os.path.lexists(index_path):
-        index = _load_json(index_path, "the safetensors index")
+        index = _load_json(index_path, "the safetensors index", _no_conflicting_keys(index_path))
         wmap = index.get("weight_map")
         if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
             raise SourceError(f"{index_path}: 'weight_map' must map tensor names to shard files; fix the index")
@@ -247,11 +275,35 @@ def open_source(src: str, revision: str | None = None, quiet: bool = True) -> So
             warnings.append(f"{len(extra)} tensor(s) are in shards but not in the index (kept): {', '.join(extra[:5])}")
     if not tensors:
         raise SourceError(f"{src}: the checkpoint holds no tensors; convert a checkpoint with weights")
+    warnings += _ambiguities(root, names, wmap, config, tensors)
     sidecars, skipped = _sidecars(root)
     warnings += skipped
     source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings)
     refuse_quantized(source)
     return source
+
+
+_TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "half": "F16", "float": "F32"}
+
+
+def _ambiguities(root: str, names: list[str], wmap: dict | None, config: dict, tensors: dict) -> list[str]:
+    """Warnings for a checkpoint that loaders could read differently than we do."""
+    out = []
+    if wmap is not None:
+        stray = sorted(f for f in _listdir(root) if f.endswith(".safetensors") and f not in names)
+        if stray:
+            out.append(f"{', '.join(stray[:3])} in SRC but not named by {INDEX_NAME}: ignored (not converted, not copied); "
+                       "remove it if the index is right")
+    declared = config.get("torch_dtype", config.get("dtype"))
+    if isinstance(declared, str):
+        floats = {t.dtype for t in tensors.values() if t.dtype in FLOAT_SOURCE_DTYPES}
+        st = _TORCH_DTYPES.get(declared.removeprefix("torch."))
+        if st is None:
+            out.append(f"config.json torch_dtype {_short(declared, 40)} is not a float dtype; loaders may refuse it (copied unchanged)")
+        elif floats and st not in floats:
+            out.append(f"config.json torch_dtype {declared!r} but the tensors are {', '.join(sorted(floats))}; loaders will compute in "
+                       f"{declared} (copied unchanged); fix config.json if that is not meant")
+    return out
 
 
 def _listdir(root: str) -> list[str]:

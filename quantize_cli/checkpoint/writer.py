@@ -13,10 +13,12 @@ import collections
 import ctypes
 import json
 import os
+import shutil
 
 import torch
 
 from ..errors import DestinationError
+from .durable import write_atomic
 from .safetensors_io import byte_view
 
 SAFETENSORS_METADATA = {"format": "pt"}
@@ -99,7 +101,11 @@ class ShardWriter:
             header = shard_header(tensors)
             size = len(header) + sum(t.nbytes for t in tensors)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0), 0o644)
+                if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
+                    # our own (locked) work folder holds something else under a shard's name: a damaged
+                    # earlier run; replace it (its journaled tasks then fail their CRC and are redone)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0) | os.O_NOFOLLOW, 0o644)
                 os.pwrite(fd, header, 0)
                 os.ftruncate(fd, size)
             except OSError as exc:
@@ -148,6 +154,15 @@ class ShardWriter:
                 f"{self.shard_names[o.shard]}: write failed while writing {name!r} ({exc.strerror}); free disk space and rerun with --resume"
             ) from exc
 
+    def abort(self) -> None:
+        """Close every shard without syncing or writing the index (the run failed)."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def close(self, sync: bool = True) -> None:
         """fsync and close every shard; write the index when there is more than one shard."""
         try:
@@ -165,6 +180,4 @@ def write_index(folder: str, outputs: dict, shard_names: list[str]) -> None:
     """``model.safetensors.index.json``: total size and the sorted weight map."""
     wmap = {name: shard_names[o.shard] for name, o in sorted(outputs.items())}
     doc = {"metadata": {"total_size": sum(o.nbytes for o in outputs.values())}, "weight_map": wmap}
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_atomic(os.path.join(folder, "model.safetensors.index.json"), (json.dumps(doc, indent=2) + "\n").encode())

@@ -220,7 +220,8 @@ def test_hub_cache_links_into_blobs_are_fine(tmp_path, src):
     snap = _fake_hub_cache(tmp_path, src)
     r = convert(snap, tmp_path / "out")
     assert r.exit_code == 0, r.output
-    assert sorted(os.listdir(tmp_path / "out")) == ["README.md",  # the model card (card.py)
+    assert sorted(f for f in os.listdir(tmp_path / "out") if not f.startswith(".")) == [
+        "README.md",  # the model card (card.py)
         "config.json", "generation_config.json", "hf_quant_config.json", "model.safetensors", "tokenizer_config.json"]
     assert not any(os.path.islink(tmp_path / "out" / f) for f in os.listdir(tmp_path / "out"))
 

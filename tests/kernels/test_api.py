@@ -13,7 +13,16 @@ from quantize_cli import kernels
 from quantize_cli.schemes import SCHEMES
 
 
-def test_has_triton():
+def test_has_triton_reports_both_a_working_and_a_missing_install(monkeypatch):
+    kernels.has_triton.cache_clear()  # the answer is cached per process
+    assert kernels.has_triton()  # the test extra installs Triton (the interpreter runs the kernels here)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    kernels.has_triton.cache_clear()
+    try:
+        assert not kernels.has_triton()
+    finally:
+        monkeypatch.undo()
+        kernels.has_triton.cache_clear()
     assert kernels.has_triton()
 
 
