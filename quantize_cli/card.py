@@ -310,10 +310,9 @@ def write_card(folder: str, facts: dict, repo: str | None = None) -> str:
         with open(path, encoding="utf-8", errors="replace") as f:
             source = f.read()
     text = render_card(facts, source, repo)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from .checkpoint.durable import write_atomic
+
+    write_atomic(path, text.encode("utf-8"))  # fsynced: DST is published by a rename right after
     return path
 
 

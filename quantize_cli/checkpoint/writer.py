@@ -156,8 +156,8 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Close every shard without syncing or writing the index (the run failed)."""
-        fds, self._fds = self._fds, []
-        for fd in fds:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():  # shard index -> fd
             try:
                 os.close(fd)
             except OSError:

@@ -15,6 +15,8 @@ import threading
 
 import pytest
 
+from tests.conftest import output_files
+
 import quantize_cli.api as api
 from quantize_cli.checkpoint.destination import Destination
 from quantize_cli.checkpoint.writer import ShardWriter
@@ -33,7 +35,7 @@ def src(tmp_path):
 
 
 def _files(folder) -> dict:
-    return {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder))}
+    return output_files(folder)
 
 
 def _die_at_write(monkeypatch, n: int) -> None:

@@ -8,6 +8,8 @@ import threading
 
 import huggingface_hub
 import pytest
+
+from tests.conftest import output_files
 import torch
 
 import quantize_cli.resume as resume_mod
@@ -60,9 +62,7 @@ def test_low_disk_download_failure_keeps_the_work_folder_and_resume_finishes(fak
     assert partial.is_dir() and (partial / ".quantize-journal").read_text().strip()  # the advice can be followed
     convert("someone/tiny-llama", str(tmp_path / "out"), algo="NVFP4", quiet=True, low_disk=True, resume=True)
     convert(local, str(tmp_path / "ref"), algo="NVFP4", quiet=True)
-    for f in os.listdir(tmp_path / "ref"):
-        if not f.startswith("."):
-            assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes(), f
+    assert output_files(tmp_path / "out") == output_files(tmp_path / "ref")
 
 
 def test_low_disk_nan_names_the_tensor(fake_hub, tmp_path):  # noqa: F811
@@ -148,9 +148,7 @@ def test_converted_with_recipe_unpacks_and_verifies(make_checkpoint, tmp_path):
     res = verify_checkpoint(str(tmp_path / "plain"), src)
     assert not res.errors, [f.message for f in res.errors][:3]
     unpack(str(tmp_path / "packed"), str(tmp_path / "unpacked"), quiet=True)
-    for f in os.listdir(tmp_path / "plain"):
-        if not f.startswith("."):
-            assert (tmp_path / "unpacked" / f).read_bytes() == (tmp_path / "plain" / f).read_bytes(), f
+    assert output_files(tmp_path / "unpacked") == output_files(tmp_path / "plain")
 
 
 # -- verify reads JSON that is not an object ----------------------------------------------------------------
@@ -332,5 +330,4 @@ def test_moe_layout_packs_in_slices_within_the_budget_with_the_same_bytes(make_c
     sizes.clear()
     convert(src, str(tmp_path / "small"), algo=algo, layout=layout, quiet=True, memory_budget="200KB")
     assert whole > 1 and max(sizes) < whole, (whole, sizes)  # a layer no longer held whole
-    for f in os.listdir(tmp_path / "big"):
-        assert (tmp_path / "small" / f).read_bytes() == (tmp_path / "big" / f).read_bytes(), f
+    assert output_files(tmp_path / "small") == output_files(tmp_path / "big")
