@@ -97,14 +97,15 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False) -> Plan:
+            layout: str = "plain", headers_only: bool = False, format: str = "modelopt") -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
     """
     from .checkpoint.hub import open_hub_headers
+    from .formats import scheme_for
 
-    scheme = get_scheme(algo)
+    scheme = scheme_for(format, get_scheme(algo))
     source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
@@ -112,7 +113,8 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
-          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None):
+          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None,
+          format: str = "modelopt"):
     """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
 
     For a Hub repo id only config.json and the safetensors headers are fetched.
@@ -121,8 +123,9 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from .checkpoint.hub import open_hub_headers
     from .checkpoint.source import _REPO_ID
     from .errors import CheckFailed
+    from .formats import scheme_for
 
-    scheme = get_scheme(algo)
+    scheme = scheme_for(format, get_scheme(algo))
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
     local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
@@ -191,6 +194,7 @@ def convert(
     verify: bool = False,
     low_disk: bool = False,
     console: Console | None = None,
+    format: str = "modelopt",
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -204,6 +208,11 @@ def convert(
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
+    from .formats import check_format, layout_problem
+
+    format = check_format(format)
+    if layout_problem(format, layout):
+        raise UsageError(layout_problem(format, layout))
     dev = resolve_device(device)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
@@ -214,10 +223,12 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, format)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+    if format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
+        options["format"] = format
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -306,12 +317,13 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     from tqdm import tqdm
 
     from . import resume as journal_mod
+    from .formats.exclusions import is_ct  # compressed-tensors math runs as its torch reference on any device
 
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
     fp = journal_mod.fingerprint(plan, options)
     executor = Executor(plan, writer, dev, chunk_bytes=min(512 << 20, max(64 << 10, budget // 16)), hold_bytes=budget // 5,
-                        budget_bytes=budget, quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+                        budget_bytes=budget, quantize_fn=None if is_ct(plan.scheme) else _quantize_fn(dev, con), measure_error=measure)
     if earlier:
         writer.open(fresh=False)
         done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
@@ -353,6 +365,10 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
 
 
 def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
+    from .formats import write_metadata
+
+    if write_metadata(plan, folder, _kv(kv)):  # a format other than ModelOpt wrote its own documents
+        return _copy_sidecars(plan, folder)
     extra = None
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
         extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
@@ -361,6 +377,10 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
     if extra:
         config["quantization_config"]["layout"] = extra["layout"]
     write_config_files(folder, nested, config)
+    _copy_sidecars(plan, folder)
+
+
+def _copy_sidecars(plan: Plan, folder: str) -> None:
     for name in plan.source.sidecars:
         try:
             shutil.copyfile(os.path.join(plan.source.root, name), os.path.join(folder, name))
