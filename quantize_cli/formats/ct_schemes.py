@@ -93,7 +93,12 @@ class CtFp8(CtScheme):
     granularity: str = "channel"
 
     def shape_problem(self, shape):
-        return super().shape_problem(shape)
+        problem = super().shape_problem(shape)
+        if problem is None and self.granularity == "block" and (shape[0] % BLOCK or shape[1] % BLOCK):
+            # vLLM needs 128-multiples per tensor-parallel part and per merged member (validate_fp8_block_shape);
+            # llm-compressor 0.14 itself crashes on other shapes
+            problem = f"needs both dims divisible by {BLOCK} for 128x128 blocks (vLLM's block-FP8 loader), got {list(shape)}"
+        return problem
 
     def outputs(self, shape):
         n, k = shape
