@@ -157,8 +157,12 @@ def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entrie
              source_warnings: list[str], tp: int = 1) -> list[Finding]:
     """All findings for a decided set of modules and its ``exclude_modules`` list."""
     findings = fused_group_findings(groups) + moe_findings(mods, scheme) + shape_findings(mods, scheme, recipe, config, tp)
+    findings += block_n_findings(mods, groups, scheme, recipe, config, tp)  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
     misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
     findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in misread(mods, entries, dict(recipe.fused))
                  if p.split(":")[0] not in partial]
     return findings + warning_findings(mods, scheme, exclude, source_warnings)
+
+
+from .formats.block_shapes import block_n_findings  # noqa: E402  (it imports this module's helpers)

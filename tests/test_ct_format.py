@@ -243,3 +243,24 @@ def test_cuda_reference_equals_cpu(algo, dtype):
     gpu = scheme.quantize(w.cuda())
     for k in cpu:
         assert_same_bytes(gpu[k].cpu(), cpu[k], k)
+
+
+def test_fp8_block_shapes_follow_vllm(make_checkpoint, tmp_path, capsys):
+    """A ragged last member (DeepSeek kv_a_proj_with_mqa [192, 256]) is written, as vLLM allows;
+    a ragged first member, or a ragged in-features, is refused with the fix."""
+    cfg = deepseek_config()
+    src = make_checkpoint(deepseek_tensors(cfg, seed=1), cfg, shards=2, name="ds")
+    out = ct(src, tmp_path / "o", "FP8_PB_WO")
+    assert out["model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale"].shape == (2, 2)  # 192 rows: 2 blocks
+    assert verify(str(tmp_path / "o"), source=src).errors == []
+    with pytest.raises(CheckFailed):
+        check(src, "FP8_PB_WO", format="compressed-tensors", tp=2, json=str(tmp_path / "tp2.json"))
+    msgs = [f["message"] for f in json.load(open(tmp_path / "tp2.json"))["findings"] if f["level"] == "error"]
+    assert any("column-parallel" in m for m in msgs)
+    t = deepseek_tensors(cfg, seed=1)
+    t["model.layers.0.self_attn.q_a_proj.weight"] = t["model.layers.0.self_attn.q_a_proj.weight"][:96].contiguous()
+    bad = make_checkpoint(t, cfg, name="bad")
+    with pytest.raises(CheckFailed):
+        check(bad, "FP8_PB_WO", format="compressed-tensors", json=str(tmp_path / "bad.json"))
+    msgs = [f["message"] for f in json.load(open(tmp_path / "bad.json"))["findings"] if f["level"] == "error"]
+    assert msgs and all("q_a_proj" in m for m in msgs) and any("other than the last" in m and "--exclude" in m for m in msgs)

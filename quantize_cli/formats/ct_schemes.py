@@ -94,10 +94,10 @@ class CtFp8(CtScheme):
 
     def shape_problem(self, shape):
         problem = super().shape_problem(shape)
-        if problem is None and self.granularity == "block" and (shape[0] % BLOCK or shape[1] % BLOCK):
-            # vLLM needs 128-multiples per tensor-parallel part and per merged member (validate_fp8_block_shape);
-            # llm-compressor 0.14 itself crashes on other shapes
-            problem = f"needs both dims divisible by {BLOCK} for 128x128 blocks (vLLM's block-FP8 loader), got {list(shape)}"
+        if problem is None and self.granularity == "block" and shape[1] % BLOCK:
+            # vLLM needs K in 128-multiples per row-parallel part; llm-compressor 0.14 crashes on other K.
+            # Out-features may be ragged (the last block is partial) except where block_n_findings says.
+            problem = f"needs in-features (dim 1) divisible by {BLOCK} for 128x128 blocks, got {list(shape)}"
         return problem
 
     def outputs(self, shape):
