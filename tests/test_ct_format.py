@@ -264,3 +264,10 @@ def test_fp8_block_shapes_follow_vllm(make_checkpoint, tmp_path, capsys):
         check(bad, "FP8_PB_WO", format="compressed-tensors", json=str(tmp_path / "bad.json"))
     msgs = [f["message"] for f in json.load(open(tmp_path / "bad.json"))["findings"] if f["level"] == "error"]
     assert msgs and all("q_a_proj" in m for m in msgs) and any("other than the last" in m and "--exclude" in m for m in msgs)
+
+
+def test_kv_cache_scheme_is_what_vllm_accepts(tmp_path):
+    """vLLM's validate_kv_cache_scheme: type float, 8 bits, strategy tensor or attn_head, symmetric."""
+    ct(TINY, tmp_path / "o", "FP8_PER_CHANNEL_PER_TOKEN", kv_cache_dtype="fp8")
+    kv = qconfig(tmp_path / "o")["kv_cache_scheme"]
+    assert (kv["type"], kv["num_bits"], kv["strategy"], kv["symmetric"], kv["dynamic"]) == ("float", 8, "tensor", True, False)
