@@ -121,14 +121,20 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None) -> Plan:
+            layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None,
+            format: str = "modelopt") -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
     """
     from .checkpoint.hub import open_hub_headers
+    from .formats import format_of, scheme_for
 
-    scheme = with_scale_search(get_scheme(algo), scale_search)
+    scheme = scheme_for(format, get_scheme(algo))
+    if (scale_search or "none").lower() != "none" and format_of(scheme) != "modelopt":
+        raise UsageError(f"--scale-search {scale_search} --format {format}: searched scales are written in the ModelOpt format "
+                         "only for now; drop --scale-search or use --format modelopt")
+    scheme = with_scale_search(scheme, scale_search)
     source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
@@ -136,7 +142,8 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
-          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None):
+          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None,
+          format: str = "modelopt"):
     """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
 
     For a Hub repo id only config.json and the safetensors headers are fetched.
@@ -145,8 +152,9 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from .checkpoint.hub import open_hub_headers
     from .checkpoint.source import _REPO_ID
     from .errors import CheckFailed
+    from .formats import scheme_for
 
-    scheme = get_scheme(algo)
+    scheme = scheme_for(format, get_scheme(algo))
     _local_options(src, revision, exclude)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
@@ -230,6 +238,7 @@ def convert(
     revision_out: str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    format: str = "modelopt",
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -246,6 +255,11 @@ def convert(
     ray_device = None
     if executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
         device, ray_device = "cpu", _ray().check_options(executor, device)
+    from .formats import check_format, layout_problem
+
+    format = check_format(format)
+    if layout_problem(format, layout):
+        raise UsageError(layout_problem(format, layout))
     dev = resolve_device(device)
     _warm_device(dev)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
@@ -269,7 +283,7 @@ def convert(
         doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
         on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
         plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
-                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc)
+                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc, format=format)
     except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
         if report:
             write_json(report, unplanned_report(src, dst, algo, exc.message))
@@ -282,6 +296,8 @@ def convert(
         options["calibration"] = plan.act_scales.digest()
     if ray_device:
         options["device"] = f"{ray_device} (ray tasks)"
+    if format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
+        options["format"] = format
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -461,13 +477,14 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     from tqdm import tqdm
 
     from . import resume as journal_mod
+    from .formats.exclusions import is_ct  # compressed-tensors math runs as its torch reference on any device
 
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
     journal = executor = None
     try:  # a failure anywhere leaves no open shard file behind (library callers keep running)
         fp = journal_mod.fingerprint(plan, options)
-        executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=_quantize_fn(dev, con), measure_error=measure)
+        executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=None if is_ct(plan.scheme) else _quantize_fn(dev, con), measure_error=measure)
         if earlier:
             writer.open(fresh=False)
             done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
@@ -536,8 +553,15 @@ def metadata_docs(plan: Plan, kv, options: dict) -> tuple[dict, dict]:
 
 
 def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
-    nested, config = metadata_docs(plan, kv, options)
-    write_config_files(folder, nested, config)
+    from .formats import write_metadata
+
+    if not write_metadata(plan, folder, _kv(kv)):  # a format other than ModelOpt writes its own documents
+        nested, config = metadata_docs(plan, kv, options)
+        write_config_files(folder, nested, config)
+    _copy_sidecars(plan, folder)
+
+
+def _copy_sidecars(plan: Plan, folder: str) -> None:
     for name in plan.source.sidecars:
         try:
             copy_durable(os.path.join(plan.source.root, name), os.path.join(folder, name))

@@ -16,6 +16,8 @@ from .errors import display
 from .matching import match_reason, vllm_rewrite
 from .plan import Plan, natural_key
 from .validate import ERROR, WARNING, Finding, FindingsResult
+from .formats import format_of
+from .formats.vllm_ct import vllm_schemes
 
 
 @dataclass
@@ -114,11 +116,13 @@ class CheckResult(FindingsResult):
             "patterns": [r.to_json() for r in self.patterns],
             "exclude_modules": p.exclude_modules,
             "findings": [f.to_json() for f in self.findings],
+            "format": format_of(p.scheme),
+            "vllm_schemes": vllm_schemes(p),  # compressed-tensors: what vLLM 0.33 picks per module
         }
 
     def to_text(self) -> str:
         p = self.plan
-        lines = [f"check: {p.source.label}  algo {p.scheme.algo}  recipe {p.recipe.name}  tp {self.tp}"]
+        lines = [f"check: {p.source.label}  algo {p.scheme.algo}  format {format_of(p.scheme)}  recipe {p.recipe.name}  tp {self.tp}"]
         rows = [(display(m.name), p.scheme.algo if m.quantize else "keep", display(m.reason))
                 for m in sorted(p.modules.values(), key=lambda m: natural_key(m.name)) if m.kind in (LINEAR, ROUTER)]
         w = max((len(r[0]) for r in rows), default=6)

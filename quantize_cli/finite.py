@@ -40,7 +40,7 @@ def refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
 def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
     """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
     the amax, hence into the scales of its group."""
-    device = out["weight"].device  # the constant input_scale lives on the CPU: compare on one device
+    device = next(iter(out.values())).device  # the payload's (the constant input_scale lives on the CPU)
     flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
     return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
 

@@ -63,7 +63,9 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
                      f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
     lines += [f"  {dtype:<8} {count:>6} tensors  {human_bytes(size)}" for dtype, (count, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
-    if quant or nested:
+    if (quant or {}).get("quant_method") == "compressed-tensors":
+        lines.append(ct_summary(quant))  # type: ignore[arg-type]
+    elif quant or nested:
         q = (nested or {}).get("quantization") or quant or {}
         excl = q.get("exclude_modules", q.get("ignore", []))
         lines.append(f"quantized: quant_algo {q.get('quant_algo')!r}, kv cache {q.get('kv_cache_quant_algo', (quant or {}).get('kv_cache_scheme'))!r}, "
@@ -74,6 +76,16 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
     else:
         lines.append("not quantized")
     return "\n".join(lines)
+
+
+def ct_summary(quant: dict) -> str:
+    """One line for a compressed-tensors ``quantization_config``: preset, format, kv cache, ignore."""
+    from .formats.ct_verify import preset_of
+
+    groups = quant.get("config_groups") or {}
+    return (f"quantized: compressed-tensors, preset {preset_of(quant) or 'unknown (' + ', '.join(groups) + ')'}, "
+            f"format {quant.get('format')!r}, kv cache {'fp8' if quant.get('kv_cache_scheme') else None}, "
+            f"{len(quant.get('ignore') or [])} ignore entr(ies), status {quant.get('quantization_status')!r}")
 
 
 def _json(path: str) -> dict | None:

@@ -15,6 +15,7 @@ from .checkpoint.safetensors_io import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
 from .exclusions import build_exclude_modules
+from .formats.exclusions import exclusion_list
 from .experts import expand
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
@@ -170,13 +171,13 @@ def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, s
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if packing is None:
-                    specs = scheme.outputs(info.shape)
+                    specs = scheme.outputs_for(info)
                 elif mod.vllm_prefix in stacks:  # an expert: its plain scales; the weight goes into the stacks
-                    specs = {k: v for k, v in scheme.outputs(info.shape).items() if k != "weight"}
+                    specs = {k: v for k, v in scheme.outputs_for(info).items() if k != "weight"}
                 elif packing.dense and not packing.dense_problem(info.shape):
                     specs = packing.dense_specs(info.shape)
                 else:  # written plain (no bytes move for this kernel), or refused by a finding
-                    specs = scheme.outputs(info.shape)
+                    specs = scheme.outputs_for(info)
                 for suffix, (dtype, shape) in specs.items():
                     name = f"{mod.name}.{suffix}"
                     outs[name] = OutTensor(name, dtype, shape, nbytes_of(dtype, shape))
@@ -322,7 +323,7 @@ def build_plan(
     tensors, split_problems = expand(source.tensors, recipe, lambda module: _user_excludes(module, exclude))
     mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
-    entries = build_exclude_modules(mods, dict(recipe.fused))
+    entries = exclusion_list(scheme, mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
     findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
     packing = _packing(layout, scheme, source.config, findings)

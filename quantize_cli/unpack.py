@@ -30,6 +30,12 @@ _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
 
 def _layout_record(folder: str) -> tuple[dict, dict, dict]:
+    from .formats import COMPRESSED_TENSORS, detect_format
+
+    config = _read_config(folder)
+    if config is not None and detect_format(config) == COMPRESSED_TENSORS:
+        raise SourceError(f"{folder}: a compressed-tensors checkpoint has no packed layout (the format is always plain); "
+                          "nothing to unpack: load or verify it as it is")
     try:
         with open(os.path.join(folder, "hf_quant_config.json")) as f:
             nested = json.load(f)
@@ -41,6 +47,15 @@ def _layout_record(folder: str) -> tuple[dict, dict, dict]:
     if not isinstance(record, dict) or record.get("name") in (None, "plain"):
         raise SourceError(f"{folder}: no packed layout is recorded in hf_quant_config.json; it is already a plain checkpoint")
     return nested, config, record
+
+
+def _read_config(folder: str) -> dict | None:
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
+from .formats.exclusions import ct_misread, is_ct
 from .schemes import Scheme
 
 ERROR, WARNING = "error", "warning"
@@ -147,7 +148,7 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
             f"{scheme.algo} uses static activation scales and no calibration data was given: every input_scale is the "
             f"documented constant {scheme.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
             f"calibrate with --calib-data default (docs/calibration.md)"))
-    if scheme.algo == "INT8" and quantized:
+    if scheme.algo == "INT8" and quantized and not is_ct(scheme):  # compressed-tensors W8A8 is served by vLLM
         out.append(Finding(WARNING, "int8-vllm", scheme.algo,
             "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
     for pat in exclude:
@@ -164,7 +165,12 @@ def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entrie
              source_warnings: list[str], tp: int = 1) -> list[Finding]:
     """All findings for a decided set of modules and its ``exclude_modules`` list."""
     findings = fused_group_findings(groups) + moe_findings(mods, scheme) + shape_findings(mods, scheme, recipe, config, tp)
+    findings += block_n_findings(mods, groups, scheme, recipe, config, tp)  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
-    findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in verify_exclusions(mods, entries, dict(recipe.fused))
+    misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
+    findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in misread(mods, entries, dict(recipe.fused))
                  if p.split(":")[0] not in partial]
     return findings + warning_findings(mods, scheme, exclude, source_warnings)
+
+
+from .formats.block_shapes import block_n_findings  # noqa: E402  (it imports this module's helpers)

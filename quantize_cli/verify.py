@@ -31,7 +31,8 @@ from .validate import ERROR, WARNING, Finding, FindingsResult
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
 SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0}
 MEDIAN_MARGIN_DB = 6.0
-_QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+_QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale",
+                 "weight_packed", "weight_global_scale", "input_global_scale")  # ModelOpt + compressed-tensors
 READ_CHUNK = 64 << 20
 
 
@@ -243,6 +244,8 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     if not os.path.isdir(path):
         res.add(ERROR, "missing-file", path, f"{path}: no such checkpoint folder")
         return res
+    if _verify_other_format(path, source, res):
+        return res
     nested, config = _configs(path, res)
     tensors = _index(path, res)
     if not nested or not config or not tensors:
@@ -279,6 +282,24 @@ def _input_scales(nested: dict, scheme: Scheme) -> str | None:
     return (f"calibrated for {cal.get('modules')} module(s) on {data.get('spec')!r} ({data.get('samples')} samples, "
             f"{data.get('tokens')} tokens), {cal.get('kv_scales', 0)} KV scale pair(s), "
             f"{len(cal.get('experts_without_tokens') or [])} expert(s) without tokens")
+
+
+
+
+def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bool:
+    """A compressed-tensors checkpoint is verified by its own rules (formats/ct_verify.py)."""
+    from .formats import COMPRESSED_TENSORS, detect_format
+    from .formats.ct_verify import verify_ct
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict) or detect_format(config) != COMPRESSED_TENSORS:
+        return False
+    verify_ct(path, config, res, source)
+    return True
 
 
 def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult, searched: bool = False) -> None:

@@ -52,6 +52,10 @@ class Scheme:
         """The tensors written for a weight of `shape`: suffix -> (safetensors dtype, shape)."""
         raise NotImplementedError
 
+    def outputs_for(self, info) -> dict[str, Spec]:
+        """:meth:`outputs` for a source tensor (a format whose scales keep the source dtype needs it)."""
+        return self.outputs(tuple(info.shape))
+
     def global_amax(self, w: torch.Tensor) -> torch.Tensor:
         """0-d fp32 max |w| (exact: abs/max run in the source dtype)."""
         return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)

@@ -1,0 +1,63 @@
+"""config.json's ``quantization_config`` for the compressed-tensors format (pure builders).
+
+The document is what llm-compressor 0.14 (compressed-tensors 0.19) writes for the same preset:
+one config group named after the preset, targeting ``Linear``, the ``ignore`` list, the
+``format`` of the packed tensors and ``quantization_status: compressed``. vLLM reads it with
+``CompressedTensorsConfig.from_config``, transformers with its compressed-tensors integration.
+The ``ignore`` list holds exact module names only (vLLM's ``should_ignore_layer`` matches exact
+names and ``re:`` regexes, and a fused layer is ignored only when all its shards are).
+"""
+
+from __future__ import annotations
+
+COMPRESSED_TENSORS_VERSION = "0.19.0"  # the compressed-tensors release whose format we write
+
+_ARGS = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
+         "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": "tensor", "symmetric": True,
+         "type": "float", "zp_dtype": None}
+FP4_SCALE = "torch.float8_e4m3fn"
+
+
+def quant_args(**changes) -> dict:
+    """A compressed-tensors ``QuantizationArgs`` document: the defaults with `changes` applied."""
+    return {**_ARGS, **changes}
+
+
+# preset -> (format, weights, input_activations); the presets of compressed_tensors.quantization.
+PRESETS: dict[str, tuple[str, dict, dict | None]] = {
+    "FP8": ("float-quantized", quant_args(), quant_args(observer="static_minmax")),
+    "FP8_DYNAMIC": ("float-quantized", quant_args(strategy="channel"), quant_args(strategy="token", dynamic=True)),
+    "FP8_BLOCK": ("float-quantized", quant_args(strategy="block", block_structure=[128, 128]),
+                  quant_args(strategy="group", group_size=128, dynamic=True)),
+    "W8A8": ("int-quantized", quant_args(strategy="channel", type="int"),
+             quant_args(strategy="token", type="int", dynamic=True)),
+    "NVFP4": ("nvfp4-pack-quantized", quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE),
+              quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE, dynamic="local",
+                         observer="static_minmax")),
+    "NVFP4A16": ("nvfp4-pack-quantized", quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE), None),
+}
+FP8_KV_CACHE = quant_args()  # static per-tensor FP8 (vLLM uses scale 1.0 when the checkpoint has none)
+
+
+def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | None = None) -> dict:
+    """The ``quantization_config`` block, keys as llm-compressor writes them (sorted on output)."""
+    fmt, weights, inputs = PRESETS[preset]
+    group = {"format": fmt, "input_activations": inputs, "output_activations": None, "targets": ["Linear"], "weights": weights}
+    return {
+        "config_groups": {preset: group},
+        "format": fmt,
+        "global_compression_ratio": None,
+        "ignore": list(ignore),
+        "kv_cache_scheme": dict(FP8_KV_CACHE) if kv_cache_dtype == "fp8" else None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "transform_config": {},
+        "version": COMPRESSED_TENSORS_VERSION,
+    }
+
+
+def output_config(source_config: dict, qconfig: dict) -> dict:
+    """The source config.json with `qconfig` as ``quantization_config``."""
+    cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
+    cfg["quantization_config"] = qconfig
+    return cfg

@@ -1,0 +1,120 @@
+"""``quantize verify`` for compressed-tensors checkpoints (ours, llm-compressor's, any).
+
+The same checks as for ModelOpt (verify.py), with this format's rules: config.json carries a
+``quantization_config`` whose config group is one of the presets we know (docs/formats.md);
+every quantized module has exactly the preset's tensors, dtypes and shapes (scales in the
+weight's dtype); vLLM's ``ignore`` semantics (exact / ``re:``, fused shards all or none) keep
+every unquantized Linear unquantized and no quantized one; no NaN/Inf; with a source, the
+dequantized weights' SQNR against the same floors.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..checkpoint.safetensors_io import TensorInfo
+from ..classify import EMBEDDING, LINEAR, classify
+from ..recipe import load_recipe
+from ..validate import ERROR
+from .ct_config import PRESETS
+
+_IGNORED_ARGS = ("observer", "observer_kwargs")
+
+
+def _same_args(a: dict | None, b: dict | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(a.get(k) == v for k, v in b.items() if k not in _IGNORED_ARGS)
+
+
+def preset_of(qconfig: dict) -> str | None:
+    """The preset whose weights / input activations / format the single config group has."""
+    groups = qconfig.get("config_groups") or {}
+    if len(groups) != 1:
+        return None
+    g = next(iter(groups.values()))
+    fmt = g.get("format") or qconfig.get("format")
+    for name, (pfmt, weights, inputs) in PRESETS.items():
+        if fmt == pfmt and _same_args(g.get("weights"), weights) and _same_args(g.get("input_activations"), inputs):
+            return name
+    return None
+
+
+def verify_ct(path: str, config: dict, res, source: str | None) -> None:
+    """Fill `res` (a VerifyResult) for the compressed-tensors checkpoint at `path`."""
+    from ..verify import _check_finite, _compare_with_source, _index
+    from . import CT_SCHEMES
+
+    q = config["quantization_config"]
+    preset = preset_of(q)
+    if preset is None:
+        res.add(ERROR, "config", "quantization_config", f"{path}/config.json: its compressed-tensors config group is not one of the "
+                f"presets this tool verifies ({', '.join(PRESETS)}); nothing else was checked")
+        return
+    if q.get("quantization_status") != "compressed":
+        res.add(ERROR, "config", "quantization_status", f"quantization_status is {q.get('quantization_status')!r}; loaders expect 'compressed'")
+    if os.path.exists(os.path.join(path, "hf_quant_config.json")):
+        res.add(ERROR, "config", "hf_quant_config.json", "hf_quant_config.json is present beside a compressed-tensors config: "
+                "vLLM would pick the ModelOpt loader; delete it")
+    scheme = next(s for s in CT_SCHEMES.values() if s.preset == preset)
+    res.algo = scheme.algo
+    tensors = _index(path, res)
+    if not tensors:
+        return
+    quantized = _check_modules(tensors, scheme, res)
+    _check_ignore(tensors, quantized, config, list(q.get("ignore") or []), res)
+    _check_finite(tensors, res)
+    if source:
+        recipe = load_recipe(None, config.get("model_type"))
+        _compare_with_source(source, quantized, scheme, recipe, res)
+
+
+def _check_modules(tensors: dict[str, TensorInfo], scheme, res) -> dict[str, dict[str, TensorInfo]]:
+    by_module: dict[str, dict[str, TensorInfo]] = {}
+    for info in tensors.values():
+        by_module.setdefault(info.module, {})[info.leaf] = info
+    quantized = {}
+    for mod, leaves in by_module.items():
+        if "weight_scale" not in leaves and "weight_packed" not in leaves:
+            continue
+        quantized[mod] = leaves
+        w, scale = leaves.get("weight_packed") or leaves.get("weight"), leaves.get("weight_scale")
+        if w is None or scale is None or len(w.shape) != 2:
+            res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight and its weight_scale")
+            continue
+        n, k = w.shape
+        shape = (n, 2 * k) if "weight_packed" in leaves else (n, k)
+        dtype = scale.dtype if scale.dtype in ("BF16", "F16", "F32") else "BF16"
+        spec = scheme.outputs_for(TensorInfo(f"{mod}.weight", dtype, shape, w.path, 0, 0))
+        have = {k: v for k, v in leaves.items() if k.startswith(("weight", "input"))}
+        for suffix in sorted(set(spec) - set(have)):
+            res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: missing; {scheme.preset} needs {spec[suffix][0]}{list(spec[suffix][1])}")
+        for suffix in sorted(set(have) - set(spec)):
+            res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: unexpected for {scheme.preset} (a loader would not know it)")
+        for suffix in sorted(set(have) & set(spec)):
+            got, want = (have[suffix].dtype, tuple(have[suffix].shape)), spec[suffix]
+            if got != want:
+                res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: {got[0]}{list(got[1])}, but {scheme.preset} needs {want[0]}{list(want[1])}")
+    res.quantized = sorted(quantized)
+    return quantized
+
+
+def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> None:
+    from .exclusions import ct_misread
+
+    recipe = load_recipe(None, config.get("model_type"))
+    view = {n: (TensorInfo(n, "BF16", (t.shape[0], t.shape[1] * (2 if t.leaf == "weight_packed" else 1)), t.path, t.offset, t.nbytes)
+                if t.module in quantized and t.leaf in ("weight", "weight_packed") else t)
+            for n, t in tensors.items() if not (t.module in quantized and t.leaf == "weight" and f"{t.module}.weight_packed" in tensors)}
+    view = {(f"{t.module}.weight" if t.leaf == "weight_packed" else n): t for n, t in view.items()}
+    view = {n: TensorInfo(n, t.dtype, t.shape, t.path, t.offset, t.nbytes) for n, t in view.items()}
+    mods = classify(view, recipe, [], config.get("num_hidden_layers"))
+    for m in mods.values():
+        m.quantize = m.name in quantized
+        if m.quantize and m.kind == EMBEDDING:  # e.g. llm-compressor model_free_ptq with ignore=["lm_head"]
+            res.add(ERROR, "quantized-embedding", m.name, f"{m.name}: an embedding holds quantized weights, but vLLM's "
+                    "compressed-tensors path loads embeddings unquantized (only INT weight-only schemes); reconvert keeping it")
+        if m.quantize:
+            m.kind = LINEAR
+    for p in ct_misread(mods, ignore, dict(recipe.fused)):
+        res.add(ERROR, "exclusions", p.split(":")[0], p)

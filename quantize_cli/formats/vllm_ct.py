@@ -1,0 +1,48 @@
+"""What vLLM 0.33's compressed-tensors path does with each algorithm (the support matrix).
+
+Learned from ``CompressedTensorsConfig._get_scheme_from_parts`` (Linears) and
+``CompressedTensorsMoEMethod.get_moe_method`` (MoE layers), and checked by parsing our configs
+with vLLM itself (bench/ct_vllm_decisions.py; its output is tests/golden/compressed_tensors/
+vllm_decisions.json). Every algorithm we write in this format has a Linear and a MoE path.
+"""
+
+from __future__ import annotations
+
+from ..classify import LINEAR, ROUTER
+from .exclusions import ct_is_ignored, is_ct
+
+# algo -> (Linear scheme, static input scale?, MoE method)
+VLLM_CT = {
+    "FP8": ("CompressedTensorsW8A8Fp8", True, "CompressedTensorsW8A8Fp8MoEMethod"),
+    "FP8_PER_CHANNEL_PER_TOKEN": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
+    "FP8_PB_WO": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
+    "NVFP4": ("CompressedTensorsW4A4Fp4", True, "CompressedTensorsW4A4Nvfp4MoEMethod"),
+    "W4A16_NVFP4": ("CompressedTensorsW4A4Fp4", False, "CompressedTensorsW4A4Nvfp4MoEMethod"),
+    "INT8": ("CompressedTensorsW8A8Int8", False, "CompressedTensorsW8A8Int8MoEMethod"),
+}
+
+
+def vllm_schemes(plan) -> dict[str, str]:
+    """vLLM module prefix -> the compressed-tensors method vLLM picks (empty for other formats).
+
+    Example: ``{"model.layers.0.self_attn.qkv_proj": "CompressedTensorsW8A8Int8(static_input=False)",
+    "lm_head": "unquantized"}``.
+    """
+    if not is_ct(plan.scheme):
+        return {}
+    linear, static, moe = VLLM_CT[plan.scheme.algo]
+    packed = dict(plan.recipe.fused)
+    out: dict[str, str] = {}
+    for m in plan.modules.values():
+        if m.kind not in (LINEAR, ROUTER):
+            continue
+        prefix = m.vllm_prefix
+        if prefix in out:
+            continue
+        name = m.name if prefix.endswith("experts") else prefix
+        ignored = ct_is_ignored(name, plan.exclude_modules, packed)
+        if prefix.endswith("experts") and prefix != m.name:
+            out[prefix] = "UnquantizedFusedMoEMethod" if ignored else moe
+        else:
+            out[prefix] = "unquantized" if ignored else f"{linear}(static_input={static})"
+    return out

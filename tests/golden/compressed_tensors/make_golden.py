@@ -1,0 +1,102 @@
+"""Generator of the compressed-tensors golden outputs (run by hand; never imported by the tests).
+
+Runs llm-compressor's ``model_free_ptq`` (llmcompressor 0.14.0.1, compressed-tensors 0.19.0,
+torch 2.13.0 CPU) with ``device="cpu"`` and ``ignore=["lm_head"]`` on
+
+* ``tests/golden/checkpoints/tiny-llama`` (the shared golden model) -> ``tiny-llama-<PRESET>/``
+* ``edge/`` (written here, seed 0): one Linear per edge case -> ``edge-<PRESET>/``
+
+for the presets FP8_BLOCK, FP8_DYNAMIC, W8A8 and NVFP4A16 (edge FP8_BLOCK also ignores the
+[200, 96] ``model.layers.0.mlp.down_proj``, on which llm-compressor crashes), then drops the copied bf16 tensors
+that equal the source byte for byte (lm_head, norms: checked before dropping) to keep the files
+small, and removes the tokenizer/generation sidecars. Usage, from the repository root:
+
+    /root/llmc-venv/bin/python tests/golden/compressed_tensors/make_golden.py
+"""
+
+import glob
+import json
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = os.path.join(HERE, "..", "checkpoints", "tiny-llama")
+PRESETS = ["FP8_BLOCK", "FP8_DYNAMIC", "W8A8", "NVFP4A16"]
+
+
+def edge_tensors() -> dict:
+    """Edge cases: zero rows / blocks / groups, a group whose NVFP4 scale underflows e4m3, -0.0,
+    E2M1 and int8 rounding ties, a non-128 shape, and fp16 / fp32 weights (scales follow the dtype)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 96, generator=g) * 0.05
+    w[3] = 0.0  # an all-zero row
+    w[5] = -0.0  # negative zeros
+    w[7, :16] = 1e-30  # a group far below every other (scale underflows, int8/fp8 codes 0)
+    w[9] = torch.linspace(-1, 1, 96)  # evenly spaced: many exact ties after scaling
+    w[130:, 16:32] = 0.0  # zero NVFP4 groups
+    big = torch.randn(256, 256, generator=g) * 0.02
+    big[:128, :128] = 0.0  # an all-zero 128x128 block
+    big[128:, 128:] *= 100.0  # a block with a very different scale
+    return {
+        "model.layers.0.mlp.down_proj.weight": w.to(torch.bfloat16),
+        "model.layers.0.self_attn.o_proj.weight": big.to(torch.bfloat16),
+        "model.layers.0.mlp.fp16_proj.weight": (torch.randn(64, 128, generator=g) * 3).to(torch.float16),
+        "model.layers.0.mlp.fp32_proj.weight": torch.randn(64, 128, generator=g) * 1e-3,
+        "model.norm.weight": torch.ones(256, dtype=torch.bfloat16),
+        "lm_head.weight": (torch.randn(64, 256, generator=g) * 0.02).to(torch.bfloat16),
+    }
+
+
+def write_edge(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    save_file(edge_tensors(), os.path.join(folder, "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 64}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def run(src: str, dst: str, preset: str, ignore=("lm_head",)) -> None:
+    from llmcompressor import model_free_ptq
+
+    shutil.rmtree(dst, ignore_errors=True)
+    model_free_ptq(src, dst, scheme=preset, ignore=list(ignore), max_workers=1, device="cpu")
+    source = {}
+    for f in glob.glob(os.path.join(src, "*.safetensors")):
+        source.update(load_file(f))
+    for f in glob.glob(os.path.join(dst, "*.safetensors")):
+        tensors = load_file(f)
+        kept = {}
+        for name, t in tensors.items():
+            s = source.get(name)
+            if s is not None and s.dtype == t.dtype and torch.equal(s.view(torch.uint8), t.view(torch.uint8)):
+                continue  # a byte-identical copy of the source: not needed as golden data
+            kept[name] = t
+        save_file(kept, f)
+    for name in os.listdir(dst):
+        if name not in ("config.json", "model.safetensors.index.json") and not name.endswith(".safetensors"):
+            os.remove(os.path.join(dst, name))
+
+
+def main() -> None:
+    edge = os.path.join(HERE, "edge")
+    write_edge(edge)
+    for preset in PRESETS:
+        run(TINY, os.path.join(HERE, f"tiny-llama-{preset}"), preset)
+        # FP8_BLOCK of the [200, 96] weight crashes llm-compressor 0.14 (its cropped weight is not
+        # contiguous and safetensors refuses to save it): that weight is ignored for FP8_BLOCK.
+        extra = ("model.layers.0.mlp.down_proj",) if preset == "FP8_BLOCK" else ()
+        run(edge, os.path.join(HERE, f"edge-{preset}"), preset, ("lm_head",) + extra)
+    import compressed_tensors
+    import llmcompressor
+
+    print("made with llmcompressor", llmcompressor.__version__, "compressed-tensors", compressed_tensors.__version__,
+          "torch", torch.__version__, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
