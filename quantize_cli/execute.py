@@ -355,10 +355,12 @@ class Executor:
                 self._out.write(name, t, first * (self.plan.outputs[name].nbytes // n))
 
     def _calibrated(self, module: str, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The plan's calibrated ``input_scale`` for `module` in place of the scheme's constant."""
+        """The plan's calibrated static activation tensors for `module` in place of the scheme's
+        constants (the scheme says which tensors and how: ModelOpt and compressed-tensors differ)."""
         scales = self.plan.act_scales
-        if scales is not None and out.get("input_scale") is not None and module in scales.input_amax:
-            out["input_scale"] = scales.input_scale(module, self.scheme.algo)
+        static = out.get("input_scale") is not None or out.get("input_global_scale") is not None
+        if scales is not None and static and module in scales.input_amax:
+            out.update(self.scheme.calibrated_inputs(scales.input_amax[module], out))
         return out
 
     def _const(self, task: Task) -> None:

@@ -79,6 +79,15 @@ class CtScheme(Scheme):
 
         return replace(self, source_dtype=info.dtype if info.dtype in _TORCH else "BF16").outputs(tuple(info.shape))
 
+    def calibrated_inputs(self, amax: float, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """compressed-tensors' static activation parameters for a calibrated input `amax`, as
+        llm-compressor derives them: FP8 ``input_scale = dt(amax / 448)`` in the weight's dtype (as its
+        weight scales), NVFP4 ``input_global_scale = 2688 / amax`` in fp32."""
+        if "input_global_scale" in out:
+            return {"input_global_scale": torch.tensor(E4M3_MAX * 6.0, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)}
+        like = out["input_scale"]
+        return {"input_scale": ct_scale(torch.tensor(amax, dtype=torch.float32).to(like.dtype), E4M3_MAX).reshape(like.shape)}
+
     def _static_input(self, w: torch.Tensor, module: str | None = None) -> torch.Tensor:
         return torch.tensor(static_input_value(self.algo, module), dtype=self._input_dtype(w))
 

@@ -68,6 +68,13 @@ class Scheme:
         """fp32 ``[N, K]`` reconstruction from the tensors :meth:`quantize` returned."""
         raise NotImplementedError
 
+    def calibrated_inputs(self, amax: float, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The static activation tensors for a calibrated input `amax` (replacing the constants in `out`).
+
+        ModelOpt: fp32 0-d ``input_scale = amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4)."""
+        bound = 448.0 * 6.0 if self.algo == "NVFP4" else 448.0
+        return {"input_scale": torch.tensor(amax, dtype=torch.float32) / torch.tensor(bound, dtype=torch.float32)}
+
     @property
     def input_scale_tensor(self) -> torch.Tensor | None:
         if self.static_input_scale is None:

@@ -1,0 +1,58 @@
+"""Calibrated static activation scales in the compressed-tensors format (FP8 input_scale, NVFP4
+input_global_scale), derived as llm-compressor derives them, shared by fused groups."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from quantize_cli import api
+from quantize_cli.formats.ct_schemes import ct_scale
+from quantize_cli.schemes.numerics import E4M3_MAX
+from tests.conftest import golden_checkpoint, load_all
+
+CALIB = os.path.join(os.path.dirname(__file__), "golden", "checkpoints", "calibration.jsonl")
+FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+@pytest.fixture(scope="module")
+def scales(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("s") / "scales.json")
+    api.calibrate(golden_checkpoint("tiny-llama"), calib_data=CALIB, output=out, device="cpu", quiet=True)
+    with open(out) as f:
+        return out, {m: e["amax"] for m, e in json.load(f)["modules"].items()}
+
+
+def _group_amax(amax: dict, module: str) -> float:
+    """The max over `module`'s fused group (q/k/v, gate/up), as the plan shares it."""
+    prefix, _, leaf = module.rpartition(".")
+    if leaf not in FUSED:
+        return amax[module]
+    return max(a for m, a in amax.items() if m.rpartition(".")[0] == prefix and FUSED.get(m.rpartition(".")[2]) == FUSED[leaf])
+
+
+@pytest.mark.parametrize("algo", ["FP8", "NVFP4"])
+def test_compressed_tensors_takes_the_calibrated_scales(tmp_path, scales, algo):
+    path, amax = scales
+    dst = str(tmp_path / "out")
+    api.convert(golden_checkpoint("tiny-llama"), dst, algo=algo, device="cpu", quiet=True, act_scales=path,
+                format="compressed-tensors")
+    out = load_all(dst)
+    suffix = "input_scale" if algo == "FP8" else "input_global_scale"
+    names = [k for k in out if k.endswith(suffix)]
+    assert len(names) == 14
+    for k in names:
+        module = k.rpartition(".")[0]
+        a = _group_amax(amax, module)
+        if algo == "FP8":  # the weight's dtype (bf16), [1], = bf16(amax) / 448 rounded as llm-compressor does
+            want = ct_scale(torch.tensor(a, dtype=torch.float32).to(torch.bfloat16), E4M3_MAX).reshape(1)
+            assert out[k].dtype == torch.bfloat16 and out[k].shape == (1,)
+        else:  # fp32 [1] = 2688 / amax
+            want = (torch.tensor(E4M3_MAX * 6.0) / torch.tensor(a, dtype=torch.float32)).reshape(1)
+            assert out[k].dtype == torch.float32 and out[k].shape == (1,)
+        assert torch.equal(out[k], want), k
+    constant = 1.0 if algo == "FP8" else 6.0
+    assert all(out[k].item() != constant for k in names)  # calibrated, not the documented constant
