@@ -137,8 +137,7 @@ def _index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
 
 
 def _logical_shape(scheme: Scheme, weight: TensorInfo) -> tuple[int, int]:
-    n, k = weight.shape
-    return (n, 2 * k) if scheme.group_size else (n, k)
+    return scheme.logical_shape(weight.shape)
 
 
 def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
