@@ -70,7 +70,7 @@ def test_round_down_table_grows_with_the_exponent():
     t = round_down_table()
     assert t[0 + 150] == 0 and t[3 + 150] == 0 and t[-4 + 150] == 0  # |e| < 4: any offset rounds up
     assert t[-15 + 150] == 2 and t[100 + 150] == 22
-    assert max(t) <= 22  # always a few ulps
+    assert max(t) == 44  # a few ulps at most (|e| >= 128: sub-normal d)
 
 
 def test_all_zero_and_dequantize():
