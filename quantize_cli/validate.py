@@ -79,7 +79,7 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme) -> list[Finding]:
     served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
     if served and not scheme.moe_served:
         out.append(Finding(ERROR, "moe-format", served[0],
-            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), "
+            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), MXFP8, "
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
             f"the source dtype, or choose --algo NVFP4 / W4A16_NVFP4 / FP8"))
     return out

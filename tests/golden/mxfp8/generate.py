@@ -144,7 +144,7 @@ def main(out: str) -> None:
     marlin_case(out, "marlin_mxfp8_256x384", e1, torch.bfloat16)
     e2 = write_case(out, "mxfp8_192x160", crafted(192, 160, torch.bfloat16, 4))
     marlin_case(out, "marlin_mxfp8_192x160", e2, torch.bfloat16)  # needs padding (N%64, K%128 / N%128, K%64)
-    tiny_llama_export(out)
+    tiny_llama_export(os.path.join(GOLDEN, "checkpoints") if out == HERE else out)
     print(json.dumps(sorted(os.listdir(out))))
 
 
