@@ -45,6 +45,8 @@ class Packing:
         return layouts.suffix(self.layout)
 
     def dense_problem(self, shape: tuple[int, int]) -> str | None:
+        if self.algo == "MXFP8" and self.act_dtype != torch.bfloat16:
+            return "vLLM 0.33.0 serves MXFP8 with bfloat16 activations only (ModelOptMxFp8Config); set the model dtype to bfloat16"
         return layouts.shape_problem(self.layout, self.algo, shape)
 
     def dense_specs(self, shape: tuple[int, int]) -> dict:

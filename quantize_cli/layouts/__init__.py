@@ -18,7 +18,7 @@ import torch
 from ..schemes import SCHEMES, get_scheme
 from . import cutlass, flashinfer, marlin
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 VLLM = "vllm 0.33.0"
 FLASHINFER = "flashinfer 0.7.2"
 
@@ -64,6 +64,11 @@ def suffix(layout: Layout | str) -> str:
     return "_" + _layout(layout).value
 
 
+_MXFP8_BLACKWELL = (
+    "vLLM 0.33.0 runs MXFP8 on Blackwell through FlashInfer's MXFP8 GEMM / TRT-LLM MoE kernels, whose "
+    "scale swizzle this converter does not pre-pack; use --layout marlin (dense, SM80+) or --layout plain"
+)
+
 _W4A16_ONLY = (
     "W4A16_NVFP4 is weight-only: vLLM 0.33.0 serves it with Marlin (or FlashInfer's CuTe-DSL "
     "W4A16 GEMM, whose weight prep this converter does not reproduce); use --layout marlin"
@@ -76,6 +81,10 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return None
+    if algo == "MXFP8" and (moe or layout is not Layout.MARLIN):
+        if moe and layout is Layout.MARLIN:
+            return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
+        return _MXFP8_BLACKWELL
     if moe:
         if layout is Layout.MARLIN:
             return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
@@ -281,7 +290,7 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
         meta.update({
             "target": VLLM, "activation_dtype": act, "is_a_8bit": False,
             "kernels": {"FP8*": "MarlinFP8ScaledMMLinearKernel (W8A16)", "NVFP4": "MarlinNvFp4LinearKernel (W4A16)",
-                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)"},
+                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)"},
             "tile": {"k": marlin.TILE_K, "n": marlin.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "
                        "K a multiple of the group; logical [N, K] in weight_shape_marlin",
@@ -289,6 +298,7 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
             "nvfp4_global_scale_log2_multiplier": {torch.bfloat16: 119, torch.float16: 7}.get(act_dtype),
             "nvfp4_scale_format": "S0E5M3 bytes (typed F8_E4M3), data-dependent scale_factor folded into "
                                   "weight_global_scale_marlin",
+            "mxfp8_scale_format": "e8m0 bytes (U8) [Kp/32, Np], grouped permutation, runs of 4 swapped [0,2,1,3]",
         })
     elif layout is Layout.CUTLASS:
         meta.update({

@@ -12,6 +12,7 @@ import torch
 
 from quantize_cli import layouts as L
 from quantize_cli.layouts import flashinfer as FI
+from quantize_cli.schemes import SCHEMES
 from tests.conftest import GOLDEN, assert_same_bytes, golden_case
 
 from .helpers import inputs
@@ -130,3 +131,24 @@ def test_moe_w3w1_linear_intermediate():
     s = case["input.w13.weight_scale"]
     got = FI.swap_w13(s.view(torch.uint8)).view(s.dtype)
     assert_same_bytes(got, case["expected.w13.weight_scale_w3w1_linear"], "w3w1 linear scales")
+
+
+@pytest.mark.parametrize("name", ["marlin_mxfp8_256x384", "marlin_mxfp8_192x160"])
+def test_marlin_mxfp8_case(name):
+    """vLLM 0.33's prepare_mxfp8_layer_for_marlin on ModelOpt exports (golden/mxfp8/README.md);
+    192x160 is zero-padded to [192, 256]."""
+    from safetensors.torch import load_file
+
+    case = load_file(os.path.join(GOLDEN, "mxfp8", f"{name}.safetensors"))
+    plain = inputs(case)
+    packed = L.pack("marlin", "MXFP8", plain, BF16)
+    assert_same_bytes(packed["weight_marlin"], case["expected.marlin_qweight"], f"{name}: weight")
+    assert_same_bytes(packed["weight_scale_marlin"], case["expected.marlin_scales"], f"{name}: scales")
+    assert_same_bytes(packed["weight_scale"], plain["weight_scale"], "plain e8m0 scales kept beside")
+    specs = L.packed_specs("marlin", "MXFP8", tuple(plain["weight"].shape), BF16)
+    assert {k: tuple(v.shape) for k, v in packed.items()} == {k: s for k, (_, s) in specs.items()}
+    back = L.unpack("marlin", "MXFP8", packed, BF16)
+    assert_same_bytes(back["weight"], plain["weight"], "unpack")
+    n, k = plain["weight"].shape
+    deq = L.dequantize("marlin", "MXFP8", packed, BF16)[:n, :k]
+    assert torch.equal(deq, SCHEMES["MXFP8"].dequantize(plain))

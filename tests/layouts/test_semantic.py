@@ -49,6 +49,8 @@ def _kernel_reference(layout: Layout, algo: str, plain: dict, act: torch.dtype) 
             sf = L.marlin.nvfp4_scale_factor(ws, act)
             s = torch.where(s * sf * 2**7 < 2, torch.zeros_like(s), s)
         return _nvfp4(w, s, plain["weight_scale_2"])
+    if algo == "MXFP8":  # e4m3 x 2^(byte - 127), one byte per 32 along K
+        return w.float() * torch.exp2(ws.float() - 127).repeat_interleave(32, dim=1)
     s = ws.to(act).float()  # Marlin keeps FP8 / INT8 scales in the activation dtype
     if algo == "FP8_PB_WO":
         s = expand_blocks(s[:, 0, :, 0], (128, 128), tuple(w.shape))
