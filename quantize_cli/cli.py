@@ -17,7 +17,7 @@ from . import __version__
 from .errors import QuantizeError, format_error
 from .signals import stop_on_signals
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
