@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoint.destination import Destination
-from .checkpoint.metadata import hf_quant_config, output_config, write_config_files
+from .checkpoint.metadata import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
 from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
 from .errors import DestinationError, PlanError, QuantizeError, UsageError
 from .execute import Executor
+from .mixed import parse_algo_for
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
 from .report import human_bytes, run_report, write_json
@@ -97,7 +98,7 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False) -> Plan:
+            layout: str = "plain", headers_only: bool = False, algo_for=()) -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
@@ -108,11 +109,11 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     source = open_hub_headers(src, revision) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
-                      layout=layout)
+                      layout=layout, algo_for=parse_algo_for(algo_for))
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
-          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None):
+          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None, algo_for=()):
     """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
 
     For a Hub repo id only config.json and the safetensors headers are fetched.
@@ -123,12 +124,13 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from .errors import CheckFailed
 
     scheme = get_scheme(algo)
+    rules = parse_algo_for(algo_for)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
     local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
     source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
     rec = load_recipe(recipe, source.config.get("model_type"))
-    plan = build_plan(source, scheme, rec, list(exclude), tp=tp)
+    plan = build_plan(source, scheme, rec, list(exclude), tp=tp, algo_for=rules)
     result = run_check(plan, list(exclude), tp)
     print(result.to_text(), flush=True)
     if json:
@@ -191,6 +193,7 @@ def convert(
     verify: bool = False,
     low_disk: bool = False,
     console: Console | None = None,
+    algo_for=(),
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -200,6 +203,7 @@ def convert(
     t0 = time.perf_counter()
     con = console or Console(quiet)
     get_scheme(algo)  # usage errors first, in the first second
+    parse_algo_for(algo_for)
     _kv(kv_cache_dtype)
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
@@ -214,10 +218,11 @@ def convert(
         Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
     if report:
         _check_writable(report, "--report")
-    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk)
+    plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout, low_disk, algo_for)
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
-                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget))
+                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
+                   algo_for=list(algo_for))
     if dry_run:
         print(plan.to_text(), flush=True)
         raise_problems(plan)
@@ -356,7 +361,7 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
     extra = None
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
         extra = {"layout": {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}}
-    nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
+    nested = mixed_hf_quant_config(plan, _kv(kv)) if plan.mixed else hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
     config = output_config(plan.source.config, nested)
     if extra:
         config["quantization_config"]["layout"] = extra["layout"]

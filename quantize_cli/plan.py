@@ -20,7 +20,7 @@ from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
 from .validate import ERROR, WARNING, Finding, moe_layers, validate
-from . import layouts
+from . import layouts, mixed
 from .experts import expert_names
 from .layouts import Layout
 from .packing import Packing, act_dtype_from_config
@@ -49,6 +49,7 @@ class Task:
     copy: TensorInfo | None = None
     group: str | None = None
     outputs: tuple[str, ...] = ()
+    scheme: Scheme | None = None  # the members' scheme (mixed precision); None: the plan's
 
     @property
     def sources(self) -> list[TensorInfo]:
@@ -85,6 +86,17 @@ class Plan:
     kv_cache_dtype: str | None = None
     findings: list[Finding] = field(default_factory=list)
     packing: Packing | None = None
+    schemes: dict[str, Scheme] = field(default_factory=dict)  # mixed precision: module -> its scheme
+    scheme_rules: dict[str, str] = field(default_factory=dict)  # mixed precision: module -> the rule that chose it
+
+    @property
+    def mixed(self) -> bool:
+        """More than one algorithm: written as ModelOpt MIXED_PRECISION (mixed.py)."""
+        return bool(self.schemes)
+
+    def scheme_of(self, module: str) -> Scheme:
+        """The scheme quantizing `module` (the plan's own unless mixed precision chose another)."""
+        return self.schemes.get(module, self.scheme)
 
     @property
     def problems(self) -> list[str]:
@@ -156,13 +168,14 @@ def _user_excludes(module: str, patterns) -> bool:
     return any(match_reason(module, e) for p in patterns for e in vllm_rewrite([p]))
 
 
-def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict]) -> dict[str, OutTensor]:
+def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict],
+             schemes: dict[str, Scheme]) -> dict[str, OutTensor]:
     outs: dict[str, OutTensor] = {}
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if packing is None:
-                    specs = scheme.outputs(info.shape)
+                    specs = schemes.get(mod.name, scheme).outputs(info.shape)
                 elif mod.vllm_prefix in stacks:  # an expert: its plain scales; the weight goes into the stacks
                     specs = {k: v for k, v in scheme.outputs(info.shape).items() if k != "weight"}
                 elif packing.dense and not packing.dense_problem(info.shape):
@@ -243,7 +256,7 @@ def _expert_order(container: str, m: Module, names: dict[str, str]) -> tuple[int
 
 
 def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Scheme, order: dict[str, int],
-           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor]) -> list[Task]:
+           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor], schemes: dict[str, Scheme]) -> list[Task]:
     by_module: dict[str, list[str]] = {}
     for name in outs:
         by_module.setdefault(name.rpartition(".")[0], []).append(name)
@@ -262,17 +275,18 @@ def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Sch
             tasks.append(Task("moe", tuple(Member(m.name, m.weight) for m in members), group=container,  # type: ignore[arg-type]
                               outputs=written(members) + tuple(stacks[container])))
             grouped.update(m.name for m in members)
-    if scheme.shares_global_amax:
-        for prefix, members in groups.items():
-            if all(m.quantize for m in members) and not grouped & {m.name for m in members}:
-                tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix,  # type: ignore[arg-type]
-                                  outputs=written(members)))
-                grouped.update(m.name for m in members)
+    for prefix, members in groups.items():
+        own = schemes.get(members[0].name) if schemes else None  # a fused group has one scheme (mixed.findings)
+        if (own or scheme).shares_global_amax and all(m.quantize for m in members) and not grouped & {m.name for m in members}:
+            tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix,  # type: ignore[arg-type]
+                              outputs=written(members), scheme=own))
+            grouped.update(m.name for m in members)
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if mod.name not in grouped:
-                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group, outputs=written([mod])))
+                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group, outputs=written([mod]),
+                                      scheme=schemes.get(mod.name)))
             else:
                 tasks.append(Task("copy", copy=info, outputs=(info.name,)))
     # Read in source order (file, then offset): sequential I/O whatever the output order.
@@ -288,8 +302,11 @@ def build_plan(
     kv_cache_dtype: str | None = None,
     tp: int = 1,
     layout: str = "plain",
+    algo_for: list | tuple = (),
 ) -> Plan:
-    """Decide everything about a conversion without reading tensor data."""
+    """Decide everything about a conversion without reading tensor data.
+
+    `algo_for`: :class:`mixed.AlgoRule` s choosing another scheme than `scheme` for some modules."""
     num_layers = source.config.get("num_hidden_layers")
     if not isinstance(num_layers, int):
         num_layers = (source.config.get("text_config") or {}).get("num_hidden_layers")
@@ -298,7 +315,15 @@ def build_plan(
     groups = fused_groups(mods, recipe)
     entries = build_exclude_modules(mods, dict(recipe.fused))
     findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
-    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
+    schemes, rules_used = mixed.assign(mods, scheme, list(algo_for))
+    if algo_for:
+        findings += mixed.findings(mods, groups, moe_layers(mods), schemes, rules_used, list(algo_for), layout)
+    if not mixed.is_mixed(schemes):  # one algorithm after all: the plain single-format checkpoint
+        scheme = next(iter(schemes.values()), scheme)
+        schemes, rules_used = {}, {}
+    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes)
+    if schemes:
+        layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)
     stacks = _moe_stacks(mods, recipe, packing, findings)
     if packing is not None and not packing.dense and not stacks:  # nothing moves: say so, write plain
@@ -308,20 +333,22 @@ def build_plan(
     if packing is not None:
         findings += _layout_findings(mods, packing, stacks)
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards(_outputs(mods, scheme, packing, stacks), max_shard_size)
+    outs, shard_names = _assign_shards(_outputs(mods, scheme, packing, stacks, schemes), max_shard_size)
     return Plan(
         source=source,
         scheme=scheme,
         recipe=recipe,
         modules=mods,
         groups={k: [m.name for m in v] for k, v in groups.items()},
-        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs),
+        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs, schemes),
         outputs=outs,
         shard_names=shard_names,
         exclude_modules=entries,
         kv_cache_dtype=kv_cache_dtype,
         findings=findings,
         packing=packing,
+        schemes=schemes,
+        scheme_rules=rules_used,
     )
 
 
