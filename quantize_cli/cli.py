@@ -91,9 +91,11 @@ def main():
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
+@click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
 @common
 def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max_shard_size, memory_budget, resume,
-            dry_run, overwrite, report, revision, verify, low_disk, quiet, debug):
+            dry_run, overwrite, report, revision, verify, low_disk, quiet, debug, algo_for=()):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
     if not dst and not dry_run:
         raise click.UsageError("missing -o DST (or use --dry-run)")
@@ -103,7 +105,8 @@ def convert(src, dst, algo, exclude, recipe, layout, device, kv_cache_dtype, max
 
         return run(src, dst, algo=algo, exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype,
             max_shard_size=max_shard_size, memory_budget=memory_budget, resume=resume, dry_run=dry_run,
-            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk)
+            overwrite=overwrite, report=report, revision=revision, quiet=quiet, verify=verify, low_disk=low_disk,
+            algo_for=algo_for)
 
     _run(debug, go)
     _fast_exit()
@@ -127,14 +130,17 @@ def _fast_exit() -> None:
 @click.option("--json", "json_path", metavar="FILE", help="Write the findings as JSON (docs/check.md).")
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
+@click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
 @common
-def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug):
+def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, algo_for=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
 
     def go():
         from .api import check as run
 
-        run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet)
+        run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet,
+            algo_for=algo_for)
 
     _run(debug, go)
 

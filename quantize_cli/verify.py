@@ -23,6 +23,7 @@ from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError
 from .exclusions import verify_exclusions
+from .mixed import LINEAR_SERVED, MIXED
 from .recipe import load_recipe
 from .schemes import SCHEMES, Scheme
 from .validate import ERROR, WARNING, Finding, FindingsResult
@@ -91,7 +92,17 @@ def _configs(path: str, res: VerifyResult) -> tuple[dict | None, dict | None]:
     if not isinstance(flat, dict):
         res.add(ERROR, "config", "config.json", "config.json has no quantization_config: vLLM would load the checkpoint as unquantized")
         return nested, config
-    if scheme_for(q.get("quant_algo")) is None:
+    if q.get("quant_algo") == MIXED:
+        layers = q.get("quantized_layers")
+        if not isinstance(layers, dict) or not layers:
+            res.add(ERROR, "config", "quantized_layers", "MIXED_PRECISION needs a non-empty quantized_layers map (vLLM refuses the checkpoint)")
+            return nested, config
+        for mod, cfg in layers.items():
+            algo = str((cfg or {}).get("quant_algo", "")).upper()
+            if algo not in LINEAR_SERVED:
+                res.add(ERROR, "config", mod, f"quantized_layers[{mod!r}]: quant_algo {algo!r} is not one vLLM's MIXED_PRECISION serves ({', '.join(LINEAR_SERVED)})")
+                return nested, config
+    elif scheme_for(q.get("quant_algo")) is None:
         res.add(ERROR, "config", "quant_algo", f"quant_algo {q.get('quant_algo')!r} is not one this tool verifies ({', '.join(s.quant_algo for s in SCHEMES.values())})")
         return nested, config
     expected = flat_quantization_config(nested)
@@ -141,7 +152,8 @@ def _logical_shape(scheme: Scheme, weight: TensorInfo) -> tuple[int, int]:
     return scheme.logical_shape(weight.shape)
 
 
-def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
+def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
+    """`scheme_of(module)`: the scheme the configs give it (None: listed nowhere, mixed precision)."""
     by_module: dict[str, dict[str, TensorInfo]] = {}
     for info in tensors.values():
         by_module.setdefault(info.module, {})[info.leaf] = info
@@ -151,6 +163,10 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
         if "weight_scale" not in leaves and not (w and w.dtype in ("F8_E4M3", "U8", "I8")):
             continue
         quantized[mod] = leaves
+        scheme = scheme_of(mod)
+        if scheme is None:
+            res.add(ERROR, "mixed-unlisted", mod, f"{mod}: quantized tensors but not in quantized_layers; vLLM would load it as unquantized")
+            continue
         if w is None or len(w.shape) != 2:
             res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight")
             continue
@@ -169,7 +185,9 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
     return quantized
 
 
-def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult):
+def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, mixed: bool = False):
+    """vLLM's exclude rules (single format); MIXED_PRECISION has no exclude list: a Linear absent
+    from quantized_layers is unquantized, which _check_modules and the listed check cover."""
     recipe = load_recipe(None, config.get("model_type"))
     float_view = {n: (TensorInfo(n, "BF16", t.shape, t.path, t.offset, t.nbytes) if t.module in quantized and t.leaf == "weight" else t)
                   for n, t in tensors.items()}
@@ -178,16 +196,19 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult):
         m.quantize = m.name in quantized
         if m.quantize:
             m.kind = LINEAR
-    for p in verify_exclusions(mods, exclude, dict(recipe.fused)):
+    for p in [] if mixed else verify_exclusions(mods, exclude, dict(recipe.fused)):
         res.add(ERROR, "exclusions", p.split(":")[0], p)
     return mods, recipe
 
 
-def _check_shared_scales(mods, recipe, scheme: Scheme, tensors, res: VerifyResult) -> None:
-    keys = ["weight_scale_2", "input_scale"] if scheme.group_size else (["weight_scale", "input_scale"] if scheme.shares_global_amax else [])
+def _check_shared_scales(mods, recipe, scheme_of, tensors, res: VerifyResult) -> None:
     for group, members in fused_groups(mods, recipe).items():
         if not all(m.quantize for m in members):
             continue
+        scheme = scheme_of(members[0].name)
+        if scheme is None:
+            continue
+        keys = ["weight_scale_2", "input_scale"] if scheme.group_size else (["weight_scale", "input_scale"] if scheme.shares_global_amax else [])
         for key in keys:
             vals = [tensors.get(f"{m.name}.{key}") for m in members]
             if any(v is None for v in vals):
@@ -228,33 +249,49 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     tensors = _index(path, res)
     if not nested or not config or not tensors:
         return res
-    scheme = scheme_for((nested.get("quantization") or {}).get("quant_algo"))
-    if scheme is None:
+    q = nested.get("quantization") or {}
+    scheme = scheme_for(q.get("quant_algo"))
+    layers = q.get("quantized_layers") if q.get("quant_algo") == MIXED else None
+    if scheme is None and layers is None:
         return res
     layout = ((nested.get("converter") or {}).get("layout") or {}).get("name")
     if layout not in (None, "plain"):
         res.add(ERROR, "packed", layout, f"{path}: holds the packed '{layout}' layout, which stock loaders cannot read by design; "
                 "verify its plain form: quantize unpack DST -o PLAIN && quantize verify PLAIN (the round trip is exact)")
         return res
-    res.algo = scheme.algo
-    quantized = _check_modules(tensors, scheme, res)
-    exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
-    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res)
-    _check_shared_scales(mods, recipe, scheme, tensors, res)
+    if layers is None:
+        res.algo = scheme.algo
+        scheme_of = lambda mod: scheme  # noqa: E731
+    else:  # each layer against its own algorithm
+        res.algo = MIXED
+        schemes = {m: scheme_for(cfg.get("quant_algo")) for m, cfg in layers.items()}
+        scheme_of = schemes.get
+    quantized = _check_modules(tensors, scheme_of, res)
+    exclude = list(q.get("exclude_modules") or [])
+    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res, mixed=layers is not None)
+    if layers is not None:
+        for mod in sorted(set(layers) - set(quantized), key=natural_key):
+            res.add(ERROR, "mixed-listed", mod, f"{mod}: in quantized_layers as {layers[mod].get('quant_algo')} but has no quantized tensors")
+    _check_shared_scales(mods, recipe, scheme_of, tensors, res)
     _check_finite(tensors, res)
     if source:
-        _compare_with_source(source, quantized, scheme, recipe, res)
+        _compare_with_source(source, quantized, scheme_of, recipe, res)
     return res
 
 
-def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult) -> None:
+def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult) -> None:
     from .checkpoint.source import open_source
     from .experts import expand, read_virtual
     from .schemes.numerics import relative_error, sqnr_db
 
     source = open_source(src)
     tensors, _ = expand(source.tensors, recipe, lambda m: True)
+    algo_of = {}
     for mod, leaves in quantized.items():
+        scheme = scheme_of(mod)
+        if scheme is None:
+            continue
+        algo_of[f"{mod}.weight"] = scheme.algo
         ref = tensors.get(f"{mod}.weight")
         if ref is None:
             res.add(WARNING, "source", mod, f"{mod}: not found in the source {src}; not compared")
@@ -270,9 +307,9 @@ def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: Verif
     if not values:
         return
     median = statistics.median(values)
-    floor = SQNR_FLOOR_DB[scheme.algo]
     for name, e in res.errors_by_tensor.items():
+        floor = SQNR_FLOOR_DB[algo_of[name]]
         if e["sqnr_db"] < floor:
-            res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {scheme.algo} floor of {floor:g} dB (docs/verify.md)")
+            res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {algo_of[name]} floor of {floor:g} dB (docs/verify.md)")
         elif e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
             res.add(WARNING, "accuracy-outlier", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is more than {MEDIAN_MARGIN_DB:g} dB below the checkpoint's median {median:.1f} dB")
