@@ -60,7 +60,11 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, t_ptr, G, qmax, BLOCK_G: tl.constexpr, SO
     offs = g0 * 32 + gl[:, None] * 32 + c[None, :]
     x = tl.load(x_ptr + offs, mask=g_ok[:, None], other=0.0).to(tl.float32)
 
-    d = div_rn(tl.max(tl.abs(x), axis=1), qmax)  # [BLOCK_G], >= 0
+    amax = tl.max(tl.abs(x), axis=1)
+    # the GPU's max drops NaN (torch's propagates it): a NaN block gets amax inf, i.e. the same
+    # out-of-range scale byte as the reference, which the executor refuses
+    amax = tl.where(tl.sum((x != x).to(tl.int32), axis=1) > 0, float("inf"), amax)
+    d = div_rn(amax, qmax)  # [BLOCK_G], >= 0
     bits = d.to(tl.int32, bitcast=True)
     biased = (bits >> 23) & 0xFF
     man = bits & 0x7FFFFF

@@ -37,6 +37,8 @@ MX_BLOCK = 32  # elements along K sharing one e8m0 scale
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 _TABLE_LO = -150  # smallest unbiased exponent of a positive fp32 (2^-149 = 2^-150 * (1 + 1))
+# A finite fp32 amax gives e <= 120 (3.4e38 / 448 < 2^120): a larger byte means NaN/Inf in the block.
+E8M0_MAX_FINITE_BYTE = 247
 
 
 def _half_gap_above(e: int) -> float:

@@ -70,6 +70,22 @@ def test_e4m3_ties_and_scale_edges(device):
     check(w.to(device), "near powers of two")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=str)
+def test_non_finite_block_gets_the_out_of_range_scale_byte(value, device):
+    """The executor refuses a block whose scale byte no finite amax gives (> 247): NaN and Inf must
+    reach it on every device (the GPU's max would drop a NaN)."""
+    from quantize_cli.schemes.mxfp8 import E8M0_MAX_FINITE_BYTE
+
+    w = torch.randn(4, 64)
+    w[2, 40] = value
+    s = kernels.quantize(MXFP8, w.to(device))["weight_scale"].cpu()
+    ref = MXFP8.quantize(w)["weight_scale"]
+    assert s[2, 1] > E8M0_MAX_FINITE_BYTE and ref[2, 1] > E8M0_MAX_FINITE_BYTE
+    mask = torch.ones_like(s, dtype=torch.bool)
+    mask[2, 1] = False
+    assert torch.equal(s[mask], ref[mask]) and bool((s[mask] <= E8M0_MAX_FINITE_BYTE).all())
+
+
 def test_stack_equals_each_item(device, make_weight):
     w = torch.stack([make_weight((64, 96), seed=e) * (e + 1) for e in range(3)])
     out = kernels.quantize_stack(MXFP8, w)
@@ -98,6 +114,8 @@ def test_golden_modelopt_gpu(case, soft):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_edges_gpu():
-    """GPU twin of the tie / near-power-of-two / all-zero checks."""
+    """GPU twin of the tie / near-power-of-two / all-zero / NaN-Inf checks."""
     test_e4m3_ties_and_scale_edges(torch.device("cuda"))
     test_all_zero(torch.device("cuda"))
+    for value in (float("nan"), float("inf"), float("-inf")):
+        test_non_finite_block_gets_the_out_of_range_scale_byte(value, torch.device("cuda"))
