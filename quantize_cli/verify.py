@@ -303,13 +303,15 @@ def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResu
             res.add(ERROR, "source", mod, f"{mod}: shape {list(deq.shape)} differs from the source's {list(w.shape)}")
             continue
         res.errors_by_tensor[f"{mod}.weight"] = {"sqnr_db": sqnr_db(w, deq), "rel_error": relative_error(w, deq)}
-    values = [e["sqnr_db"] for e in res.errors_by_tensor.values() if e["sqnr_db"] != float("inf")]
-    if not values:
-        return
-    median = statistics.median(values)
+    by_algo: dict[str, list[float]] = {}  # medians per algorithm (a mixed checkpoint holds several)
+    for name, e in res.errors_by_tensor.items():
+        if e["sqnr_db"] != float("inf"):
+            by_algo.setdefault(algo_of[name], []).append(e["sqnr_db"])
     for name, e in res.errors_by_tensor.items():
         floor = SQNR_FLOOR_DB[algo_of[name]]
+        values = by_algo.get(algo_of[name])
+        median = statistics.median(values) if values else float("inf")
         if e["sqnr_db"] < floor:
             res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {algo_of[name]} floor of {floor:g} dB (docs/verify.md)")
-        elif e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
+        elif values and e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
             res.add(WARNING, "accuracy-outlier", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is more than {MEDIAN_MARGIN_DB:g} dB below the checkpoint's median {median:.1f} dB")

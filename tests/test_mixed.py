@@ -84,6 +84,24 @@ def test_moe_fp8_pb_wo_dense_with_nvfp4_experts(make_checkpoint, tmp_path):
     assert list(layers) == sorted(layers, key=definition_order)
     res = verify_checkpoint(str(tmp_path / "mix"), src)
     assert not res.errors, [f.message for f in res.errors]
+    assert not [f for f in res.warnings if f.code == "accuracy-outlier"]  # NVFP4 vs FP8: medians per algorithm
+    assert {e["sqnr_db"] > 15 for e in res.errors_by_tensor.values()} == {True}
+
+
+def test_verify_checks_each_layer_against_its_own_algorithm(tiny_llama, tmp_path):
+    import json as _json
+
+    run(tiny_llama, tmp_path / "mix", "NVFP4", algo_for=["self_attn*=FP8_PB_WO"])
+    assert not verify_checkpoint(str(tmp_path / "mix"), tiny_llama).errors
+    path = tmp_path / "mix" / "hf_quant_config.json"
+    doc = _json.load(open(path))
+    layers = doc["quantization"]["quantized_layers"]
+    layers["model.layers.0.self_attn.o_proj"] = {"quant_algo": "NVFP4", "group_size": 16}  # wrong algorithm for its tensors
+    del layers["model.layers.1.mlp.down_proj"]  # quantized tensors, unlisted
+    layers["model.layers.0.extra_proj"] = {"quant_algo": "NVFP4", "group_size": 16}  # listed, absent
+    _json.dump(doc, open(path, "w"))
+    codes = {f.code for f in verify_checkpoint(str(tmp_path / "mix")).errors}
+    assert {"tensors", "mixed-unlisted", "mixed-listed"} <= codes
 
 
 def test_split_fused_group_and_moe_layer_are_refused_naming_the_pattern(make_checkpoint, tiny_llama, tmp_path):
