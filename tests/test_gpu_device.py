@@ -33,6 +33,7 @@ def test_torch_reference_on_cuda_equals_cpu(algo):
     ("tiny-llama", "NVFP4", "marlin"), ("tiny-llama", "FP8_PB_WO", "marlin"), ("tiny-llama", "NVFP4", "cutlass"),
     ("tiny-qwen3-moe", "NVFP4", "flashinfer"),
     ("tiny-llama", "MXFP8", "plain"), ("tiny-qwen3-moe-fused", "MXFP8", "plain"), ("tiny-llama", "MXFP8", "marlin"),
+    ("tiny-qwen3-moe", "MXFP8", "marlin"),
 ])
 def test_conversion_on_cuda_equals_cpu(tmp_path, example, algo, layout):
     convert(f"example:{example}", str(tmp_path / "cpu"), algo=algo, layout=layout, device="cpu", quiet=True)

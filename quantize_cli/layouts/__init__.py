@@ -81,10 +81,8 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return None
-    if algo == "MXFP8" and (moe or layout is not Layout.MARLIN):
-        if moe and layout is Layout.MARLIN:
-            return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
-        return _MXFP8_BLACKWELL
+    if algo == "MXFP8":
+        return None if layout is Layout.MARLIN else _MXFP8_BLACKWELL  # Marlin: dense and MoE stacks
     if moe:
         if layout is Layout.MARLIN:
             return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
@@ -227,6 +225,8 @@ def moe_shape_problem(layout: Layout | str, algo: str, experts: int, intermediat
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return None
+    if layout is Layout.MARLIN:
+        return supported(layout, algo, moe=True) or marlin.moe_shape_problem(algo, experts, intermediate, hidden)
     return supported(layout, algo, moe=True) or flashinfer.moe_shape_problem(
         _moe_backend(layout), algo, experts, intermediate, hidden)
 
@@ -239,6 +239,8 @@ def moe_packed_specs(layout: Layout | str, algo: str, experts: int, intermediate
     problem = moe_shape_problem(layout, algo, experts, intermediate, hidden)
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
+    if layout is Layout.MARLIN:
+        return marlin.moe_specs(algo, experts, intermediate, hidden)
     return flashinfer.moe_specs(_moe_backend(layout), algo, experts, intermediate, hidden, suffix(layout))
 
 
@@ -257,7 +259,10 @@ def pack_moe(layout: Layout | str, algo: str, w13: dict[str, torch.Tensor], w2: 
     problem = moe_shape_problem(layout, algo, e, i, h)
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
-    out = flashinfer.pack_moe(_moe_backend(layout), algo, w13, w2, suffix(layout))
+    if layout is Layout.MARLIN:
+        out = marlin.pack_moe(algo, w13, w2)
+    else:
+        out = flashinfer.pack_moe(_moe_backend(layout), algo, w13, w2, suffix(layout))
     for side, plain in (("w13", w13), ("w2", w2)):
         out[side].update({k: v for k, v in plain.items() if k != "weight" and v is not None})
     return out
@@ -267,7 +272,10 @@ def unpack_moe(layout: Layout | str, algo: str, packed: dict) -> dict:
     """Inverse of :func:`pack_moe`: ``{"w13": plain stack, "w2": plain stack}``, byte for byte."""
     layout, algo = _layout(layout), _algo(algo)
     _require(layout, algo, moe=True)
-    out = flashinfer.unpack_moe(_moe_backend(layout), algo, packed, suffix(layout))
+    if layout is Layout.MARLIN:
+        out = marlin.unpack_moe(algo, packed)
+    else:
+        out = flashinfer.unpack_moe(_moe_backend(layout), algo, packed, suffix(layout))
     for side in ("w13", "w2"):
         out[side].update(_split(layout, packed[side])[1])
     return out

@@ -333,3 +333,48 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
     if bits == 4:
         w = w * packed["weight_global_scale" + SUFFIX]
     return w
+
+
+# --------------------------------------------------------------------------------------------
+# MoE expert stacks (MXFP8: vLLM 0.33 prepare_mxfp8_moe_layer_for_marlin)
+
+
+def moe_shape_problem(algo: str, e: int, i: int, h: int) -> str | None:
+    """Why Marlin stacks of (E, I, H) cannot be pre-packed, or None (MXFP8 only)."""
+    if algo != "MXFP8":
+        return "Marlin MoE expert stacks are pre-packed for MXFP8 only; use --layout plain"
+    if i % TILE_N or h % TILE_N:
+        return (f"Marlin MXFP8 MoE needs intermediate % 64 == 0 and hidden % 64 == 0 (vLLM 0.33.0 pads the "
+                f"intermediate size otherwise; padding is not pre-packed), got I={i}, H={h}")
+    return None
+
+
+def moe_specs(algo: str, e: int, i: int, h: int) -> dict[str, dict]:
+    """``{"w13": {name: (dtype, shape)}, "w2": {...}}``: per expert the dense MXFP8 Marlin tensors
+    of w13 ``[2I, H]`` and w2 ``[H, I]``, stacked (no padding, see :func:`moe_shape_problem`)."""
+    def one(n: int, k: int) -> dict:
+        return {"weight" + SUFFIX: ("I32", (e, k // 16, 4 * n)), "weight_scale" + SUFFIX: ("U8", (e, k // MX_GROUP, n))}
+
+    return {"w13": one(2 * i, h), "w2": one(h, i)}
+
+
+def _pack_expert(algo: str, w: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = w.shape
+    return repack_codes(weight_codes(algo, w), 8), mxfp8_scales(ws, n, n, k)
+
+
+def pack_moe(algo: str, w13: dict, w2: dict) -> dict[str, dict]:
+    """Stacked plain experts (``w13 [E, 2I, H]`` = [gate ; up], ``w2 [E, H, I]``, e8m0 scales
+    ``[E, rows, K/32]``) -> Marlin stacks, expert by expert as vLLM does."""
+    out = {}
+    for side, plain in (("w13", w13), ("w2", w2)):
+        parts = [_pack_expert(algo, w, s) for w, s in zip(plain["weight"], plain["weight_scale"])]
+        out[side] = {"weight" + SUFFIX: torch.stack([p[0] for p in parts]),
+                     "weight_scale" + SUFFIX: torch.stack([p[1] for p in parts])}
+    return out
+
+
+def unpack_moe(algo: str, packed: dict[str, dict]) -> dict[str, dict]:
+    """Inverse of :func:`pack_moe` for the weights (the plain scales are kept beside)."""
+    return {side: {"weight": torch.stack([codes_to_weight(algo, unrepack_codes(q, 8)) for q in packed[side]["weight" + SUFFIX]])}
+            for side in ("w13", "w2")}

@@ -152,3 +152,22 @@ def test_marlin_mxfp8_case(name):
     n, k = plain["weight"].shape
     deq = L.dequantize("marlin", "MXFP8", packed, BF16)[:n, :k]
     assert torch.equal(deq, SCHEMES["MXFP8"].dequantize(plain))
+
+
+def test_marlin_mxfp8_moe_case():
+    """vLLM 0.33's prepare_mxfp8_moe_layer_for_marlin on ModelOpt MXFP8 experts (golden/mxfp8/README.md)."""
+    from safetensors.torch import load_file
+
+    case = load_file(os.path.join(GOLDEN, "mxfp8", "marlin_mxfp8_moe_e3_i64_h128.safetensors"))
+    w13, w2 = inputs(case, "input.w13."), inputs(case, "input.w2.")
+    packed = L.pack_moe("marlin", "MXFP8", w13, w2)
+    for side in ("w13", "w2"):
+        assert_same_bytes(packed[side]["weight_marlin"], case[f"expected.{side}.marlin_qweight"], f"{side} weight")
+        assert_same_bytes(packed[side]["weight_scale_marlin"], case[f"expected.{side}.marlin_scales"], f"{side} scales")
+    e, two_i, h = w13["weight"].shape
+    specs = L.moe_packed_specs("marlin", "MXFP8", e, two_i // 2, h)
+    assert {s: {k: tuple(v.shape) for k, v in d.items() if k.endswith("_marlin")} for s, d in packed.items()} == {
+        s: {k: shape for k, (_, shape) in d.items()} for s, d in specs.items()}
+    back = L.unpack_moe("marlin", "MXFP8", packed)
+    assert_same_bytes(back["w13"]["weight"], w13["weight"], "unpack w13")
+    assert_same_bytes(back["w2"]["weight"], w2["weight"], "unpack w2")

@@ -120,6 +120,40 @@ def marlin_case(out: str, name: str, exp: dict[str, torch.Tensor], act: torch.dt
     save_file(tensors, os.path.join(out, f"{name}.safetensors"), metadata={"case": name, "act_dtype": str(act)})
 
 
+def marlin_moe_case(out: str, name: str, e: int, i: int, h: int) -> None:
+    """vLLM 0.33's prepare_mxfp8_moe_layer_for_marlin on ModelOpt-quantized experts (MXFP8QTensor,
+    the exporter's numerics): w13 = [gate ; up] ``[E, 2I, H]``, w2 ``[E, H, I]``; the CUDA repack op
+    replaced by vLLM's reference, as in :func:`marlin_case`."""
+    from modelopt.torch.quantization.qtensor import MXFP8QTensor
+    from vllm.model_executor.layers.quantization.utils import marlin_utils_fp8 as m8
+    from vllm.model_executor.layers.quantization.utils import marlin_utils_test as mt
+
+    g = torch.Generator().manual_seed(11)
+    w13 = torch.randn(e, 2 * i, h, generator=g) * torch.exp2(torch.randint(-10, 2, (e, 2 * i, 1), generator=g).float())
+    w2 = torch.randn(e, h, i, generator=g) * torch.exp2(torch.randint(-10, 2, (e, h, 1), generator=g).float())
+    w13[0, 0, :32] = 0.0
+    q13, s13 = MXFP8QTensor.quantize(w13.to(torch.bfloat16))
+    q2, s2 = MXFP8QTensor.quantize(w2.to(torch.bfloat16))
+    q13, q2 = q13._quantized_data, q2._quantized_data
+
+    def repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False):
+        codes = b_q_weight.contiguous().view(torch.uint8).reshape(size_k // 4, size_n, 4).permute(0, 2, 1).reshape(size_k, size_n)
+        return mt.marlin_weights(codes.to(torch.int32), size_k, size_n, num_bits, mt.get_weight_perm(num_bits, is_a_8bit), is_a_8bit)
+
+    orig, dtype = m8.ops.gptq_marlin_repack, torch.get_default_dtype()
+    m8.ops.gptq_marlin_repack = repack
+    torch.set_default_dtype(torch.bfloat16)  # vLLM's param dtype at load time
+    try:
+        a, b, sa, sb = m8.prepare_mxfp8_moe_layer_for_marlin(None, q13, q2, s13, s2)
+    finally:
+        m8.ops.gptq_marlin_repack = orig
+        torch.set_default_dtype(dtype)
+    save_file({"input.w13.weight": q13, "input.w13.weight_scale": s13, "input.w2.weight": q2, "input.w2.weight_scale": s2,
+               "expected.w13.marlin_qweight": a.contiguous(), "expected.w2.marlin_qweight": b.contiguous(),
+               "expected.w13.marlin_scales": sa.contiguous().view(torch.uint8), "expected.w2.marlin_scales": sb.contiguous().view(torch.uint8)},
+              os.path.join(out, f"{name}.safetensors"), metadata={"case": name, "act_dtype": "torch.bfloat16"})
+
+
 def tiny_llama_export(out: str) -> None:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
@@ -137,6 +171,9 @@ def tiny_llama_export(out: str) -> None:
 def main(out: str) -> None:
     torch.manual_seed(0)
     os.makedirs(out, exist_ok=True)
+    marlin_moe_case(out, "marlin_mxfp8_moe_e3_i64_h128", 3, 64, 128)
+    if os.environ.get("ONLY_MOE"):
+        return
     e1 = write_case(out, "mxfp8_256x384", crafted(256, 384, torch.bfloat16, 1))
     write_case(out, "mxfp8_200x96", crafted(200, 96, torch.bfloat16, 2))
     write_case(out, "mxfp8_fp16_128x128", crafted(128, 128, torch.float16, 3))
