@@ -66,7 +66,7 @@ def suffix(layout: Layout | str) -> str:
 
 _MXFP8_BLACKWELL = (
     "vLLM 0.33.0 runs MXFP8 on Blackwell through FlashInfer's MXFP8 GEMM / TRT-LLM MoE kernels, whose "
-    "scale swizzle this converter does not pre-pack; use --layout marlin (dense, SM80+) or --layout plain"
+    "scale swizzle this converter does not pre-pack; use --layout marlin (SM80+) or --layout plain"
 )
 
 _W4A16_ONLY = (
@@ -85,7 +85,7 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
         return None if layout is Layout.MARLIN else _MXFP8_BLACKWELL  # Marlin: dense and MoE stacks
     if moe:
         if layout is Layout.MARLIN:
-            return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
+            return "Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); use --layout plain"
         if algo in ("FP8", "NVFP4", "FP8_PB_WO"):
             return None
         if algo == "W4A16_NVFP4":
@@ -298,7 +298,8 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
         meta.update({
             "target": VLLM, "activation_dtype": act, "is_a_8bit": False,
             "kernels": {"FP8*": "MarlinFP8ScaledMMLinearKernel (W8A16)", "NVFP4": "MarlinNvFp4LinearKernel (W4A16)",
-                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)"},
+                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)",
+                        "MXFP8 MoE": "Marlin fused MoE (prepare_mxfp8_moe_layer_for_marlin)"},
             "tile": {"k": marlin.TILE_K, "n": marlin.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "
                        "K a multiple of the group; logical [N, K] in weight_shape_marlin",
