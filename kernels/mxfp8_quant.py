@@ -76,8 +76,10 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, t_ptr, G, qmax, BLOCK_G: tl.constexpr, SO
     t = tl.load(t_ptr + (tl.minimum(tl.maximum(e, -150), 127) + 150))
     exp = tl.minimum(tl.maximum(e + (m > t).to(tl.int32), -127), 127)
     exp = tl.where(d == 0.0, -127, exp)
-    # 2^-exp with exp in [-127, 120] (d <= 3.4e38 / 448 < 2^120), so 2^-exp is a normal fp32
-    q = x * _pow2(-exp)[:, None]
+    # 2^-exp: a normal fp32 for every finite block (exp <= 120, as d <= 3.4e38 / 448 < 2^120);
+    # a NaN/Inf block (exp 127, refused by the executor) gets the reference's sub-normal 2^-127
+    mult = tl.where(exp == 127, 5.877471754111438e-39, _pow2(tl.minimum(-exp, 127)))
+    q = x * mult[:, None]
     tl.store(q_ptr + offs, e4m3(q, SOFT), mask=g_ok[:, None])
     tl.store(s_ptr + g0 + gl, (exp + 127).to(tl.uint8), mask=g_ok)
 
