@@ -16,8 +16,8 @@ two ``2^e``, ``log2(d) = e + tiny`` rounds to ``e`` in fp32 and the ceil gives `
 hair too small; the clamp at 448 absorbs it). :func:`e8m0_exponent` reproduces that exactly from
 the bits of ``d``, with no transcendental call (so CPU, CUDA and Triton agree): ``e + 1`` unless
 the mantissa offset ``m`` (units of 2^-23 above ``2^e``) is at most ``T(e)``, the largest offset
-whose correctly rounded ``e + log2(1 + m 2^-23)`` is still ``e`` (``T`` = 0 for |e| < 4, up to 22
-for |e| >= 64; see :func:`round_down_table`). Only fp32 sources can hit it: a bf16 / fp16 amax
+whose correctly rounded ``e + log2(1 + m 2^-23)`` is still ``e`` (``T`` = 0 for |e| < 4, 22 for
+64 <= |e| < 128, 44 for sub-normal d; see :func:`round_down_table`). Only fp32 sources can hit it: a bf16 / fp16 amax
 divided by 448 never lands that close above a power of two.
 """
 
