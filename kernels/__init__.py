@@ -64,6 +64,7 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
     """Dispatch one validated, contiguous stack ``w [B, N, K]`` (``gamax`` ``[B]`` or None)."""
     from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
     from ..schemes.int8 import Int8PerChannel
+    from ..schemes.mxfp8 import Mxfp8
     from ..schemes.nvfp4 import Nvfp4
     from ..schemes.numerics import NVFP4_GROUP
 
@@ -102,6 +103,11 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
         from . import int8_quant
 
         q, s = int8_quant.quantize_per_row(w)
+        return {"weight": q, "weight_scale": s}
+    if isinstance(scheme, Mxfp8):
+        from . import mxfp8_quant
+
+        q, s = mxfp8_quant.quantize(w)
         return {"weight": q, "weight_scale": s}
     raise ValueError(f"no Triton kernel for scheme {scheme.algo!r} ({type(scheme).__name__})")
 

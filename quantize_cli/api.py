@@ -18,12 +18,13 @@ import torch
 
 from .checkpoint.destination import Destination
 from .checkpoint.durable import copy_durable
-from .checkpoint.metadata import hf_quant_config, output_config, write_config_files
+from .checkpoint.metadata import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
 from .checkpoint.source import open_source
 from .checkpoint.writer import ShardWriter
 from .errors import DestinationError, PlanError, QuantizeError, UsageError
 from .execute import Executor
 from .output_paths import check_json_output
+from .mixed import parse_algo_for
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
 from .report import human_bytes, run_report, unplanned_report, write_json
@@ -93,6 +94,20 @@ def _warm_device(dev: torch.device) -> None:
     threading.Thread(target=warm, daemon=True, name="quantize-cuda-init").start()
 
 
+def _not_yet_with_mixed(algo_for, scheme, scale_search: str = "none") -> None:
+    """--algo-for (MIXED_PRECISION) is written in the ModelOpt format, without searched scales, for now."""
+    from .formats import format_of
+
+    if not algo_for:
+        return
+    if format_of(scheme) != "modelopt":
+        raise UsageError("--algo-for with --format compressed-tensors: mixed precision is written as ModelOpt's MIXED_PRECISION "
+                         "only for now; drop --algo-for or use --format modelopt")
+    if (scale_search or "none").lower() != "none":
+        raise UsageError(f"--algo-for with --scale-search {scale_search}: searched scales apply to single-algorithm "
+                         "checkpoints only for now; drop one of the two")
+
+
 def _local_options(src: str, revision: str | None, exclude) -> None:
     """Options that cannot apply are usage errors, not silently ignored."""
     if revision and (src.startswith("example:") or os.path.exists(src)):
@@ -122,7 +137,7 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
             layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None,
-            format: str = "modelopt") -> Plan:
+            format: str = "modelopt", algo_for=()) -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
@@ -134,16 +149,17 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     if (scale_search or "none").lower() != "none" and format_of(scheme) != "modelopt":
         raise UsageError(f"--scale-search {scale_search} --format {format}: searched scales are written in the ModelOpt format "
                          "only for now; drop --scale-search or use --format modelopt")
+    _not_yet_with_mixed(algo_for, scheme, scale_search)
     scheme = with_scale_search(scheme, scale_search)
     source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
-                      layout=layout, act_scales=act_scales)
+                      layout=layout, act_scales=act_scales, algo_for=parse_algo_for(algo_for))
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
           strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None,
-          format: str = "modelopt"):
+          format: str = "modelopt", algo_for=()):
     """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
 
     For a Hub repo id only config.json and the safetensors headers are fetched.
@@ -156,6 +172,8 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
 
     scheme = scheme_for(format, get_scheme(algo))
     _local_options(src, revision, exclude)
+    rules = parse_algo_for(algo_for)
+    _not_yet_with_mixed(algo_for, scheme)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
     if json:
@@ -163,7 +181,7 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
     source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
     rec = load_recipe(recipe, source.config.get("model_type"))
-    plan = build_plan(source, scheme, rec, list(exclude), tp=tp)
+    plan = build_plan(source, scheme, rec, list(exclude), tp=tp, algo_for=rules)
     result = run_check(plan, list(exclude), tp)
     print(result.to_text(), flush=True)
     if json:
@@ -239,6 +257,7 @@ def convert(
     executor: str = "local",
     ray_address: str | None = None,
     format: str = "modelopt",
+    algo_for=(),
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -248,6 +267,7 @@ def convert(
     t0 = time.perf_counter()
     con = console or Console(quiet)
     with_scale_search(get_scheme(algo), scale_search)  # usage errors first, in the first second
+    parse_algo_for(algo_for)
     _kv(kv_cache_dtype)
     budget = _size(memory_budget, "--memory-budget")
     if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
@@ -283,7 +303,8 @@ def convert(
         doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
         on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
         plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
-                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc, format=format)
+                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc, format=format,
+                       algo_for=algo_for)
     except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
         if report:
             write_json(report, unplanned_report(src, dst, algo, exc.message))
@@ -291,7 +312,7 @@ def convert(
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
-                   scale_search=(scale_search or "none").lower())
+                   scale_search=(scale_search or "none").lower(), algo_for=list(algo_for))
     if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
         options["calibration"] = plan.act_scales.digest()
     if ray_device:
@@ -545,7 +566,7 @@ def metadata_docs(plan: Plan, kv, options: dict) -> tuple[dict, dict]:
         from .report import calibration_summary
 
         extra["calibration"] = calibration_summary(plan, full=False)
-    nested = hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
+    nested = mixed_hf_quant_config(plan, _kv(kv)) if plan.mixed else hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
     config = output_config(plan.source.config, nested)
     if "layout" in extra:
         config["quantization_config"]["layout"] = extra["layout"]

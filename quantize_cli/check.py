@@ -101,7 +101,7 @@ class CheckResult(FindingsResult):
             "command": "check",
             "source": p.source.label,
             "algo": p.scheme.algo,
-            "quant_algo": p.scheme.quant_algo,
+            "quant_algo": "MIXED_PRECISION" if p.mixed else p.scheme.quant_algo,
             "recipe": p.recipe.name,
             "tp": self.tp,
             "ok": not self.errors,
@@ -109,7 +109,8 @@ class CheckResult(FindingsResult):
                         "linears": sum(m.kind == LINEAR for m in p.modules.values()), "quantized": len(p.quantized)},
             "modules": [
                 {"module": m.name, "vllm_prefix": m.vllm_prefix, "kind": m.kind, "quantized": m.quantize, "rule": m.reason,
-                 "shape": list(m.weight.shape) if m.weight else None, "fused_group": m.fused_group}
+                 "shape": list(m.weight.shape) if m.weight else None, "fused_group": m.fused_group,
+                 "algo": p.scheme_of(m.name).algo if m.quantize else None, "algo_rule": p.scheme_rules.get(m.name)}
                 for m in sorted(p.modules.values(), key=lambda m: natural_key(m.name)) if m.kind in (LINEAR, ROUTER)
             ],
             "fused_groups": p.groups,
@@ -123,7 +124,8 @@ class CheckResult(FindingsResult):
     def to_text(self) -> str:
         p = self.plan
         lines = [f"check: {p.source.label}  algo {p.scheme.algo}  format {format_of(p.scheme)}  recipe {p.recipe.name}  tp {self.tp}"]
-        rows = [(display(m.name), p.scheme.algo if m.quantize else "keep", display(m.reason))
+        rows = [(display(m.name), p.scheme_of(m.name).algo if m.quantize else "keep",
+                 display(f"{m.reason}; {p.scheme_rules[m.name]}" if m.name in p.scheme_rules else m.reason))
                 for m in sorted(p.modules.values(), key=lambda m: natural_key(m.name)) if m.kind in (LINEAR, ROUTER)]
         w = max((len(r[0]) for r in rows), default=6)
         lines.append(f"{'module':<{w}}  {'decision':<11}  rule")

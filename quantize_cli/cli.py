@@ -17,7 +17,7 @@ from . import __version__
 from .errors import QuantizeError, format_error
 from .signals import stop_on_signals
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 FORMAT = click.Choice(["modelopt", "compressed-tensors"], case_sensitive=False)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -110,6 +110,8 @@ def main():
               help="ray: output shards written by Ray tasks across processes, GPUs and machines (docs/scale-out.md).")
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance).")
 @click.option("--format", "format", type=FORMAT, default="modelopt", show_default=True, help="Output format (docs/formats.md).")
+@click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
@@ -149,15 +151,17 @@ def _fast_exit() -> None:
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
 @click.option("--format", "fmt", type=FORMAT, default="modelopt", show_default=True, help="Output format to check for.")
+@click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
 @common
-def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt"):
+def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
 
     def go():
         from .api import check as run
 
         run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet,
-            format=fmt)
+            format=fmt, algo_for=algo_for)
 
     _run(debug, go)
 

@@ -125,22 +125,26 @@ class Executor:
         self.resolver = resolver  # low-disk Hub mode: fetches a source shard on first read, drops it after its last
 
     # -- the read schedule ------------------------------------------------------------------
-    def _rows_per_chunk(self, info: TensorInfo) -> int:
+    def scheme_of(self, task: Task):
+        """The task's own scheme (mixed precision) or the plan's."""
+        return task.scheme or self.scheme
+
+    def _rows_per_chunk(self, info: TensorInfo, scheme) -> int:
         n = info.shape[0]
         if isinstance(info, ViewedTensor) or self._dense_packing:
             return n  # a view of one expert's slab is read whole; packing needs whole tensors
         row_bytes = max(1, info.nbytes // max(n, 1))
-        align = self.scheme.row_align
+        align = scheme.row_align
         return min(n, max(align, (self.chunk_bytes // row_bytes) // align * align))
 
-    def _chunks(self, info: TensorInfo) -> list[Read]:
-        n, rows = info.shape[0], self._rows_per_chunk(info)
+    def _chunks(self, info: TensorInfo, scheme) -> list[Read]:
+        n, rows = info.shape[0], self._rows_per_chunk(info, scheme)
         return [Read(info, s, min(rows, n - s)) for s in range(0, n, rows)]
 
     def _held(self, task: Task) -> bool:
-        members = task.members
-        return (self.scheme.shares_global_amax and sum(m.source.nbytes for m in members) <= self.hold_bytes
-                and all(self._rows_per_chunk(m.source) == m.source.shape[0] for m in members))
+        members, scheme = task.members, self.scheme_of(task)
+        return (scheme.shares_global_amax and sum(m.source.nbytes for m in members) <= self.hold_bytes
+                and all(self._rows_per_chunk(m.source, scheme) == m.source.shape[0] for m in members))
 
     def reads(self, task: Task) -> list[Read]:
         """Every read `task` makes, in the order the executor makes them."""
@@ -151,20 +155,22 @@ class Executor:
             if isinstance(info, ViewedTensor):
                 return [Read(info, 0, info.shape[0])]
             return [Read(info, s, min(COPY_CHUNK, info.nbytes - s), raw=True) for s in range(0, info.nbytes, COPY_CHUNK)] or [Read(info, 0, 0, raw=True)]
+        scheme = self.scheme_of(task)
         if task.kind == "moe":
             ms = task.members
-            return [r for e in range(0, len(ms), 3) for r in self._whole_reads(ms[e : e + 2]) + self._whole_reads(ms[e + 2 : e + 3])]
+            return [r for e in range(0, len(ms), 3)
+                    for r in self._whole_reads(ms[e : e + 2], scheme) + self._whole_reads(ms[e + 2 : e + 3], scheme)]
         if self._dense_packing:
-            return self._whole_reads(task.members)
+            return self._whole_reads(task.members, scheme)
         if self._held(task):
             return [Read(m.source, 0, m.source.shape[0]) for m in task.members]
-        chunks = [r for m in task.members for r in self._chunks(m.source)]
-        return chunks + chunks if self.scheme.shares_global_amax else chunks  # amax pass, then quantize pass
+        chunks = [r for m in task.members for r in self._chunks(m.source, scheme)]
+        return chunks + chunks if scheme.shares_global_amax else chunks  # amax pass, then quantize pass
 
-    def _whole_reads(self, members) -> list[Read]:
+    def _whole_reads(self, members, scheme) -> list[Read]:
         """Reads of :meth:`_whole`: each member whole, twice when a shared amax cannot be held."""
         reqs = [Read(m.source, 0, m.source.shape[0]) for m in members]
-        return reqs + reqs if self.scheme.shares_global_amax and not self._held_members(members) else reqs
+        return reqs + reqs if scheme.shares_global_amax and not self._held_members(members) else reqs
 
     def _schedule(self) -> Iterator[Read]:
         for index, task in enumerate(self.plan.tasks):
@@ -267,32 +273,34 @@ class Executor:
         if self._dense_packing:
             self._quantize_packed(task)
             return
-        if not self.scheme.shares_global_amax:
+        scheme = self.scheme_of(task)
+        if not scheme.shares_global_amax:
             for m in task.members:
-                for req in self._chunks(m.source):
-                    self._quantize_chunk(m, req, None)
+                for req in self._chunks(m.source, scheme):
+                    self._quantize_chunk(m, req, None, scheme=scheme)
             return
         if self._held(task):
             reqs = [Read(m.source, 0, m.source.shape[0]) for m in task.members]
             held = [self._fetch(r) for r in reqs]
             gamax = self._group_amax([self._amax(w) for w in held], task.members)
             for m, req, w in zip(task.members, reqs, held):
-                self._quantize_chunk(m, req, gamax, w)
+                self._quantize_chunk(m, req, gamax, w, scheme)
             return
         amaxes = []
         for m in task.members:
             amax = torch.zeros((), device=self.device)
-            for req in self._chunks(m.source):
+            for req in self._chunks(m.source, scheme):
                 amax = torch.maximum(amax, self._amax(self._fetch(req)))
                 self._done_with(req)
             amaxes.append(amax)
         gamax = self._group_amax(amaxes, task.members)
         for m in task.members:
-            for req in self._chunks(m.source):
-                self._quantize_chunk(m, req, gamax)
+            for req in self._chunks(m.source, scheme):
+                self._quantize_chunk(m, req, gamax, scheme=scheme)
 
     def _whole(self, members) -> list[dict[str, torch.Tensor]]:
-        """Quantize whole members (sharing one global amax where the scheme does): plain outputs."""
+        """Quantize whole members (sharing one global amax where the scheme does): plain outputs.
+        Only for packed layouts, which are written for the plan's one scheme."""
         reqs = [Read(m.source, 0, m.source.shape[0]) for m in members]
         shared = self.scheme.shares_global_amax
         if shared and not self._held_members(members):  # too big to hold: an amax pass first
@@ -360,7 +368,7 @@ class Executor:
         scales = self.plan.act_scales
         static = out.get("input_scale") is not None or out.get("input_global_scale") is not None
         if scales is not None and static and module in scales.input_amax:
-            out.update(self.scheme.calibrated_inputs(scales.input_amax[module], out))
+            out.update(self.plan.scheme_of(module).calibrated_inputs(scales.input_amax[module], out))
         return out
 
     def _const(self, task: Task) -> None:
@@ -394,11 +402,12 @@ class Executor:
                     f"(amax {top:.3g}); after {self.scheme.algo} it is (almost) all zero. Check the source weights; verify --source will fail it"
                 )
 
-    def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None) -> None:
+    def _quantize_chunk(self, m: Member, req: Read, gamax, w: torch.Tensor | None = None, scheme=None) -> None:
+        scheme = scheme or self.scheme
         if w is None:
             w = self._fetch(req)
         with self.timers.time("compute"):
-            out = self._calibrated(m.module, self.quantize_fn(self.scheme, w, gamax))
+            out = self._calibrated(m.module, self.quantize_fn(scheme, w, gamax))
             self._finite.append((m.source, finite_flag(out)))
         for suffix, t in out.items():
             name = f"{m.module}.{suffix}"
@@ -409,7 +418,7 @@ class Executor:
             # Row-indexed outputs hold a fixed number of bytes per source row (chunks start at row_align multiples).
             self._out.write(name, t, req.start * self.plan.outputs[name].nbytes // m.source.shape[0])
         if self.measure_error:
-            self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), self.scheme.dequantize(out), searched_baseline(self.scheme, w, out))
+            self.stats.errors.setdefault(m.module, ErrorStats()).add(w.float(), scheme.dequantize(out), searched_baseline(scheme, w, out))
         self._consumed(req.nbytes)
         self._done_with(req)
 

@@ -45,12 +45,16 @@ class Packing:
         return layouts.suffix(self.layout)
 
     def dense_problem(self, shape: tuple[int, int]) -> str | None:
+        if self.algo == "MXFP8" and self.act_dtype != torch.bfloat16:
+            return "vLLM 0.33.0 serves MXFP8 with bfloat16 activations only (ModelOptMxFp8Config); set the model dtype to bfloat16"
         return layouts.shape_problem(self.layout, self.algo, shape)
 
     def dense_specs(self, shape: tuple[int, int]) -> dict:
         return layouts.packed_specs(self.layout, self.algo, shape, self.act_dtype)
 
     def moe_problem(self, e: int, i: int, h: int) -> str | None:
+        if self.algo == "MXFP8" and self.act_dtype != torch.bfloat16:
+            return "vLLM 0.33.0 serves MXFP8 with bfloat16 activations only (ModelOptMxFp8Config); set the model dtype to bfloat16"
         return layouts.moe_shape_problem(self.layout, self.algo, e, i, h)
 
     def moe_stack_specs(self, container: str, e: int, i: int, h: int) -> dict[str, tuple]:
@@ -84,6 +88,9 @@ def _stack(experts: list[dict], algo: str) -> tuple[dict, dict]:
     w2 = {"weight": torch.stack([e["down"]["weight"] for e in experts])}
     if algo == "FP8":
         w13["weight_scale"] = torch.stack([torch.stack([e["gate"]["weight_scale"], e["up"]["weight_scale"]]) for e in experts])
+        w2["weight_scale"] = torch.stack([e["down"]["weight_scale"] for e in experts])
+    elif algo == "MXFP8":  # e8m0 bytes [rows, K/32], stacked like the weights
+        w13["weight_scale"] = torch.stack([cat("weight_scale", e) for e in experts])
         w2["weight_scale"] = torch.stack([e["down"]["weight_scale"] for e in experts])
     elif algo == "FP8_PB_WO":
         w13["weight_scale"] = torch.stack([cat("weight_scale", e)[:, 0, :, 0] for e in experts])

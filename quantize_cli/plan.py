@@ -21,7 +21,7 @@ from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
 from .validate import ERROR, WARNING, Finding, moe_layers, validate
-from . import layouts
+from . import layouts, mixed
 from .experts import expert_names
 from .layouts import Layout
 from .packing import Packing, act_dtype_from_config
@@ -51,6 +51,7 @@ class Task:
     copy: TensorInfo | None = None
     group: str | None = None
     outputs: tuple[str, ...] = ()
+    scheme: Scheme | None = None  # the members' scheme (mixed precision); None: the plan's
 
     @property
     def sources(self) -> list[TensorInfo]:
@@ -90,6 +91,17 @@ class Plan:
     findings: list[Finding] = field(default_factory=list)
     packing: Packing | None = None
     act_scales: "ActScales | None" = None  # calibrated input/KV amax (calibration/apply.py); None: constants
+    schemes: dict[str, Scheme] = field(default_factory=dict)  # mixed precision: module -> its scheme
+    scheme_rules: dict[str, str] = field(default_factory=dict)  # mixed precision: module -> the rule that chose it
+
+    @property
+    def mixed(self) -> bool:
+        """More than one algorithm: written as ModelOpt MIXED_PRECISION (mixed.py)."""
+        return bool(self.schemes)
+
+    def scheme_of(self, module: str) -> Scheme:
+        """The scheme quantizing `module` (the plan's own unless mixed precision chose another)."""
+        return self.schemes.get(module, self.scheme)
 
     @property
     def problems(self) -> list[str]:
@@ -165,13 +177,13 @@ def _user_excludes(module: str, patterns) -> bool:
 
 
 def _outputs(mods: dict[str, Module], scheme: Scheme, packing: Packing | None, stacks: dict[str, dict],
-             findings: list[Finding] | None = None) -> dict[str, OutTensor]:
+             schemes: dict[str, Scheme], findings: list[Finding] | None = None) -> dict[str, OutTensor]:
     outs = _ClashCheckingDict(findings)
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if packing is None:
-                    specs = scheme.outputs_for(info)
+                    specs = schemes.get(mod.name, scheme).outputs_for(info)
                 elif mod.vllm_prefix in stacks:  # an expert: its plain scales; the weight goes into the stacks
                     specs = {k: v for k, v in scheme.outputs_for(info).items() if k != "weight"}
                 elif packing.dense and not packing.dense_problem(info.shape):
@@ -269,7 +281,7 @@ def _expert_order(container: str, m: Module, names: dict[str, str]) -> tuple[int
 
 
 def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Scheme, order: dict[str, int],
-           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor]) -> list[Task]:
+           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor], schemes: dict[str, Scheme]) -> list[Task]:
     by_module: dict[str, list[str]] = {}
     for name in outs:
         by_module.setdefault(name.rpartition(".")[0], []).append(name)
@@ -288,17 +300,18 @@ def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Sch
             tasks.append(Task("moe", tuple(Member(m.name, m.weight) for m in members), group=container,  # type: ignore[arg-type]
                               outputs=written(members) + tuple(stacks[container])))
             grouped.update(m.name for m in members)
-    if scheme.shares_global_amax:
-        for prefix, members in groups.items():
-            if all(m.quantize for m in members) and not grouped & {m.name for m in members}:
-                tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix,  # type: ignore[arg-type]
-                                  outputs=written(members)))
-                grouped.update(m.name for m in members)
+    for prefix, members in groups.items():
+        own = schemes.get(members[0].name) if schemes else None  # a fused group has one scheme (mixed.findings)
+        if (own or scheme).shares_global_amax and all(m.quantize for m in members) and not grouped & {m.name for m in members}:
+            tasks.append(Task("quantize", tuple(Member(m.name, m.weight) for m in members), group=prefix,  # type: ignore[arg-type]
+                              outputs=written(members), scheme=own))
+            grouped.update(m.name for m in members)
     for mod in mods.values():
         for leaf, info in mod.tensors.items():
             if mod.quantize and leaf == "weight":
                 if mod.name not in grouped:
-                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group, outputs=written([mod])))
+                    tasks.append(Task("quantize", (Member(mod.name, info),), group=mod.fused_group, outputs=written([mod]),
+                                      scheme=schemes.get(mod.name)))
             else:
                 tasks.append(Task("copy", copy=info, outputs=(info.name,)))
     # Read in source order (file, then offset): sequential I/O whatever the output order.
@@ -315,8 +328,11 @@ def build_plan(
     tp: int = 1,
     layout: str = "plain",
     act_scales=None,
+    algo_for: list | tuple = (),
 ) -> Plan:
-    """Decide everything about a conversion without reading tensor data."""
+    """Decide everything about a conversion without reading tensor data.
+
+    `algo_for`: :class:`mixed.AlgoRule` s choosing another scheme than `scheme` for some modules."""
     num_layers = source.config.get("num_hidden_layers")
     if not isinstance(num_layers, int):
         num_layers = (source.config.get("text_config") or {}).get("num_hidden_layers")
@@ -325,7 +341,15 @@ def build_plan(
     groups = fused_groups(mods, recipe)
     entries = exclusion_list(scheme, mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
     findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
-    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp)
+    schemes, rules_used = mixed.assign(mods, scheme, list(algo_for))
+    if algo_for:
+        findings += mixed.findings(mods, groups, moe_layers(mods), schemes, rules_used, list(algo_for), layout)
+    if not mixed.is_mixed(schemes):  # one algorithm after all: the plain single-format checkpoint
+        scheme = next(iter(schemes.values()), scheme)
+        schemes, rules_used = {}, {}
+    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes)
+    if schemes:
+        layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)
     stacks = _moe_stacks(mods, recipe, packing, findings)
     if packing is not None and not packing.dense and not stacks:  # nothing moves: say so, write plain
@@ -337,14 +361,14 @@ def build_plan(
     calib = for_plan(act_scales, mods, groups, scheme, kv_cache_dtype, findings)  # act_scales: a ScalesDoc or None
     kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, findings), **kv_outs}, max_shard_size)
+    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, schemes, findings), **kv_outs}, max_shard_size)
     return Plan(
         source=source,
         scheme=scheme,
         recipe=recipe,
         modules=mods,
         groups={k: [m.name for m in v] for k, v in groups.items()},
-        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs) + ([Task("const", outputs=tuple(kv_outs))] if kv_outs else []),
+        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs, schemes) + ([Task("const", outputs=tuple(kv_outs))] if kv_outs else []),
         outputs=outs,
         shard_names=shard_names,
         exclude_modules=entries,
@@ -352,6 +376,8 @@ def build_plan(
         findings=findings,
         packing=packing,
         act_scales=calib,
+        schemes=schemes,
+        scheme_rules=rules_used,
     )
 
 

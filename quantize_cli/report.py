@@ -28,11 +28,19 @@ def _module_rows(plan) -> list[tuple[str, str, str, str]]:
     rows = []
     for mod in sorted(plan.modules.values(), key=lambda m: natural_key(m.name)):
         w = mod.weight or next(iter(mod.tensors.values()))
-        action = plan.scheme.algo if mod.quantize else ("keep" if mod.kind != "other" else "copy")
+        action = plan.scheme_of(mod.name).algo if mod.quantize else ("keep" if mod.kind != "other" else "copy")
         leaves = ",".join(mod.tensors)
         shape = f"{w.dtype}{list(w.shape)}"
-        rows.append((mod.name or "(top level)", action, f"{shape} [{leaves}]", mod.reason))
+        reason = f"{mod.reason}; {plan.scheme_rules[mod.name]}" if mod.name in plan.scheme_rules else mod.reason
+        rows.append((mod.name or "(top level)", action, f"{shape} [{leaves}]", reason))
     return rows
+
+
+def _algos(plan) -> str:
+    if not plan.mixed:
+        return f"{plan.scheme.algo} (quant_algo {plan.scheme.quant_algo!r})"
+    used = sorted({s.algo for s in plan.schemes.values()})
+    return f"MIXED_PRECISION ({', '.join(used)}; default --algo {plan.scheme.algo})"
 
 
 def plan_text(plan) -> str:
@@ -42,12 +50,13 @@ def plan_text(plan) -> str:
     w1 = max(len(r[1]) for r in rows)
     w2 = max(len(r[2]) for r in rows)
     lines = [
-        f"plan: {plan.source.label} -> {plan.scheme.algo} (quant_algo {plan.scheme.quant_algo!r}), recipe {plan.recipe.name}",
+        f"plan: {plan.source.label} -> {_algos(plan)}, recipe {plan.recipe.name}",
         f"{'module':<{w0}}  {'action':<{w1}}  {'source':<{w2}}  reason",
     ]
     lines += [f"{a:<{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows]
     if plan.groups:
         shared = "share one global scale" if plan.scheme.shares_global_amax else "are quantized per member"
+        shared = "share one global scale where their algorithm has one" if plan.mixed else shared
         lines.append(f"fused groups ({len(plan.groups)}; members {shared}):")
         lines += [display(f"  {k}: {', '.join(v)}") for k, v in plan.groups.items()]
     lines.append(display(f"exclude_modules ({len(plan.exclude_modules)}): {', '.join(plan.exclude_modules) or '(none)'}"))
@@ -65,10 +74,11 @@ def plan_json(plan) -> dict:
     """The plan as plain data (stable keys; compared with == in tests)."""
     return {
         "algo": plan.scheme.algo,
-        "quant_algo": plan.scheme.quant_algo,
+        "quant_algo": "MIXED_PRECISION" if plan.mixed else plan.scheme.quant_algo,
         "recipe": plan.recipe.name,
         "modules": {
-            m.name: {"kind": m.kind, "quantize": m.quantize, "reason": m.reason, "vllm_prefix": m.vllm_prefix, "tensors": sorted(m.tensors)}
+            m.name: {"kind": m.kind, "quantize": m.quantize, "reason": m.reason, "vllm_prefix": m.vllm_prefix, "tensors": sorted(m.tensors),
+                     **({"algo": plan.scheme_of(m.name).algo, "algo_rule": plan.scheme_rules[m.name]} if m.name in plan.scheme_rules else {})}
             for m in plan.modules.values()
         },
         "fused_groups": plan.groups,
@@ -94,7 +104,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         for leaf, info in mod.tensors.items():
             entry = {"name": info.name, "dtype": info.dtype, "shape": list(info.shape)}
             if mod.quantize and leaf == "weight":
-                entry.update(action="quantize", scheme=plan.scheme.algo)
+                entry.update(action="quantize", scheme=plan.scheme_of(mod.name).algo)
                 if stats is not None and mod.name in stats.errors:
                     entry.update({k: _finite(v) for k, v in stats.errors[mod.name].summary().items()})
             else:
@@ -117,7 +127,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         "destination": dst,
         "options": options,
         "algo": plan.scheme.algo,
-        "quant_algo": plan.scheme.quant_algo,
+        "quant_algo": "MIXED_PRECISION" if plan.mixed else plan.scheme.quant_algo,
         "recipe": plan.recipe.name,
         "calibration": _calibration(plan),
         "warnings": plan.warnings,

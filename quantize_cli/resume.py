@@ -43,7 +43,7 @@ def fingerprint(plan, options: dict) -> str:
     paths = sorted({t.path for t in plan.source.tensors.values() if not t.path.startswith("hub://")})
     doc = {
         "converter": __version__,
-        "options": {k: options.get(k) for k in ("algo", "kv_cache_dtype", "layout", "calibration", "scale_search")},
+        "options": {k: options.get(k) for k in ("algo", "kv_cache_dtype", "layout", "calibration", "scale_search", "algo_for")},
         "outputs": [(o.name, o.dtype, list(o.shape), o.shard, o.offset) for o in plan.outputs.values()],
         "shards": plan.shard_names,
         "source": {os.path.basename(p): _shard_identity(p) for p in paths},

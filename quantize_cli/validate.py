@@ -68,7 +68,7 @@ def moe_layers(mods: dict[str, Module]) -> dict[str, list[Module]]:
     return layers
 
 
-def moe_findings(mods: dict[str, Module], scheme: Scheme) -> list[Finding]:
+def moe_findings(mods: dict[str, Module], scheme: Scheme, check_format: bool = True) -> list[Finding]:
     """Partial expert exclusions, and expert formats vLLM's ModelOpt MoE path cannot serve."""
     layers = moe_layers(mods)
     out = []
@@ -79,9 +79,9 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme) -> list[Finding]:
                 f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
                 f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"))
     served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
-    if served and not scheme.moe_served:
+    if served and check_format and not scheme.moe_served:
         out.append(Finding(ERROR, "moe-format", served[0],
-            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), "
+            f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), MXFP8, "
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
             f"the source dtype, or choose --algo NVFP4 / W4A16_NVFP4 / FP8"))
     return out
@@ -116,11 +116,14 @@ def partition_shape(mod: Module, recipe, config: dict, tp: int) -> tuple[tuple[i
     return ((n // tp, k) if style == "column" else (n, k // tp)), None
 
 
-def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict, tp: int) -> list[Finding]:
+def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict, tp: int,
+                   schemes: dict[str, Scheme] | None = None) -> list[Finding]:
     out = []
+    default = scheme
     for mod in mods.values():
         if not mod.quantize:
             continue
+        scheme = (schemes or {}).get(mod.name, default)
         target = mod.vllm_prefix  # the whole fused group / MoE layer when the module is part of one
         w = mod.weight
         if len(w.shape) != 2 or w.dtype not in FLOAT_SOURCE_DTYPES:  # type: ignore[union-attr]
@@ -140,15 +143,17 @@ def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict
     return out
 
 
-def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_warnings: list[str]) -> list[Finding]:
+def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_warnings: list[str],
+                     schemes: dict[str, Scheme] | None = None) -> list[Finding]:
     out = [Finding(WARNING, "source", "", w) for w in source_warnings]
     quantized = any(m.quantize for m in mods.values())
-    if scheme.static_input_scale is not None and quantized:
-        out.append(Finding(WARNING, "uncalibrated", scheme.algo,
-            f"{scheme.algo} uses static activation scales and no calibration data was given: every input_scale is the "
-            f"documented constant {scheme.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
-            f"calibrate with --calib-data default (docs/calibration.md)"))
-    if scheme.algo == "INT8" and quantized and not is_ct(scheme):  # compressed-tensors W8A8 is served by vLLM
+    for s in {x.algo: x for x in (schemes or {scheme.algo: scheme}).values()}.values():
+        if s.static_input_scale is not None and quantized:
+            out.append(Finding(WARNING, "uncalibrated", s.algo,
+                f"{s.algo} uses static activation scales and no calibration data was given: every input_scale is the "
+                f"documented constant {s.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
+                f"calibrate with --calib-data default (docs/calibration.md)"))
+    if scheme.algo == "INT8" and quantized and not schemes and not is_ct(scheme):  # compressed-tensors W8A8 is served by vLLM
         out.append(Finding(WARNING, "int8-vllm", scheme.algo,
             "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
     for pat in exclude:
@@ -162,15 +167,18 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
 
 
 def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entries: list[str],
-             source_warnings: list[str], tp: int = 1) -> list[Finding]:
-    """All findings for a decided set of modules and its ``exclude_modules`` list."""
-    findings = fused_group_findings(groups) + moe_findings(mods, scheme) + shape_findings(mods, scheme, recipe, config, tp)
+             source_warnings: list[str], tp: int = 1, schemes: dict[str, Scheme] | None = None) -> list[Finding]:
+    """All findings for a decided set of modules and its ``exclude_modules`` list.
+
+    `schemes`: mixed precision, module -> scheme (the expert formats are then checked by mixed.py)."""
+    findings = (fused_group_findings(groups) + moe_findings(mods, scheme, check_format=not schemes)
+                + shape_findings(mods, scheme, recipe, config, tp, schemes))
     findings += block_n_findings(mods, groups, scheme, recipe, config, tp)  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
     misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
     findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in misread(mods, entries, dict(recipe.fused))
                  if p.split(":")[0] not in partial]
-    return findings + warning_findings(mods, scheme, exclude, source_warnings)
+    return findings + warning_findings(mods, scheme, exclude, source_warnings, schemes)
 
 
 from .formats.block_shapes import block_n_findings  # noqa: E402  (it imports this module's helpers)

@@ -24,12 +24,14 @@ from .checkpoint.source import regular_file_inside
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
+from .mixed import LINEAR_SERVED, MIXED
 from .recipe import load_recipe, recipe_of_output
 from .schemes import SCHEMES, Scheme
 from .validate import ERROR, WARNING, Finding, FindingsResult
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
-SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0}
+SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0,
+                 "MXFP8": 20.0}
 MEDIAN_MARGIN_DB = 6.0
 _QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale",
                  "weight_packed", "weight_global_scale", "input_global_scale")  # ModelOpt + compressed-tensors
@@ -106,7 +108,17 @@ def _configs(path: str, res: VerifyResult) -> tuple[dict | None, dict | None]:
     if not isinstance(flat, dict):
         res.add(ERROR, "config", "config.json", "config.json has no quantization_config: vLLM would load the checkpoint as unquantized")
         return nested, config
-    if scheme_for(q.get("quant_algo")) is None:
+    if q.get("quant_algo") == MIXED:
+        layers = q.get("quantized_layers")
+        if not isinstance(layers, dict) or not layers:
+            res.add(ERROR, "config", "quantized_layers", "MIXED_PRECISION needs a non-empty quantized_layers map (vLLM refuses the checkpoint)")
+            return nested, config
+        for mod, cfg in layers.items():
+            algo = str((cfg or {}).get("quant_algo", "")).upper()
+            if algo not in LINEAR_SERVED:
+                res.add(ERROR, "config", mod, f"quantized_layers[{mod!r}]: quant_algo {algo!r} is not one vLLM's MIXED_PRECISION serves ({', '.join(LINEAR_SERVED)})")
+                return nested, config
+    elif scheme_for(q.get("quant_algo")) is None:
         res.add(ERROR, "config", "quant_algo", f"quant_algo {q.get('quant_algo')!r} is not one this tool verifies ({', '.join(s.quant_algo for s in SCHEMES.values())})")
         return nested, config
     expected = flat_quantization_config(nested)
@@ -153,11 +165,11 @@ def _index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
 
 
 def _logical_shape(scheme: Scheme, weight: TensorInfo) -> tuple[int, int]:
-    n, k = weight.shape
-    return (n, 2 * k) if scheme.group_size else (n, k)
+    return scheme.logical_shape(weight.shape)
 
 
-def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
+def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res: VerifyResult) -> dict[str, dict[str, TensorInfo]]:
+    """`scheme_of(module)`: the scheme the configs give it (None: listed nowhere, mixed precision)."""
     by_module: dict[str, dict[str, TensorInfo]] = {}
     for info in tensors.values():
         by_module.setdefault(info.module, {})[info.leaf] = info
@@ -167,6 +179,10 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
         if "weight_scale" not in leaves and not (w and w.dtype in ("F8_E4M3", "U8", "I8")):
             continue
         quantized[mod] = leaves
+        scheme = scheme_of(mod)
+        if scheme is None:
+            res.add(ERROR, "mixed-unlisted", mod, f"{mod}: quantized tensors but not in quantized_layers; vLLM would load it as unquantized")
+            continue
         if w is None or len(w.shape) != 2:
             res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight")
             continue
@@ -185,7 +201,9 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme: Scheme, res: VerifyRe
     return quantized
 
 
-def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, nested: dict | None = None):
+def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, nested: dict | None = None, mixed: bool = False):
+    """vLLM's exclude rules (single format); MIXED_PRECISION has no exclude list: a Linear absent
+    from quantized_layers is unquantized, which _check_modules and the listed check cover."""
     try:  # the recipe the output was converted with (recorded), else the one for its model_type
         recipe = recipe_of_output(nested, config.get("model_type"), os.path.join(res.path, "hf_quant_config.json"))
     except QuantizeError as exc:
@@ -198,16 +216,19 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, ne
         m.quantize = m.name in quantized
         if m.quantize:
             m.kind = LINEAR
-    for p in verify_exclusions(mods, exclude, dict(recipe.fused)):
+    for p in [] if mixed else verify_exclusions(mods, exclude, dict(recipe.fused)):
         res.add(ERROR, "exclusions", p.split(":")[0], p)
     return mods, recipe
 
 
-def _check_shared_scales(mods, recipe, scheme: Scheme, tensors, res: VerifyResult) -> None:
-    keys = ["weight_scale_2", "input_scale"] if scheme.group_size else (["weight_scale", "input_scale"] if scheme.shares_global_amax else [])
+def _check_shared_scales(mods, recipe, scheme_of, tensors, res: VerifyResult) -> None:
     for group, members in fused_groups(mods, recipe).items():
         if not all(m.quantize for m in members):
             continue
+        scheme = scheme_of(members[0].name)
+        if scheme is None:
+            continue
+        keys = ["weight_scale_2", "input_scale"] if scheme.group_size else (["weight_scale", "input_scale"] if scheme.shares_global_amax else [])
         for key in keys:
             vals = [tensors.get(f"{m.name}.{key}") for m in members]
             if any(v is None for v in vals):
@@ -250,24 +271,35 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
     tensors = _index(path, res)
     if not nested or not config or not tensors:
         return res
-    scheme = scheme_for((nested.get("quantization") or {}).get("quant_algo"))
-    if scheme is None:
+    q = nested.get("quantization") or {}
+    scheme = scheme_for(q.get("quant_algo"))
+    layers = q.get("quantized_layers") if q.get("quant_algo") == MIXED else None
+    if scheme is None and layers is None:
         return res
     layout = ((nested.get("converter") or {}).get("layout") or {}).get("name")
     if layout not in (None, "plain"):
         res.add(ERROR, "packed", layout, f"{path}: holds the packed '{layout}' layout, which stock loaders cannot read by design; "
                 "verify its plain form: quantize unpack DST -o PLAIN && quantize verify PLAIN (the round trip is exact)")
         return res
-    res.algo = scheme.algo
-    res.input_scales = _input_scales(nested, scheme)
-    quantized = _check_modules(tensors, scheme, res)
-    exclude = list((nested.get("quantization") or {}).get("exclude_modules") or [])
-    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res, nested)
-    _check_shared_scales(mods, recipe, scheme, tensors, res)
+    if layers is None:
+        res.algo = scheme.algo
+        res.input_scales = _input_scales(nested, scheme)
+        scheme_of = lambda mod: scheme  # noqa: E731
+    else:  # each layer against its own algorithm
+        res.algo = MIXED
+        schemes = {m: scheme_for(cfg.get("quant_algo")) for m, cfg in layers.items()}
+        scheme_of = schemes.get
+    quantized = _check_modules(tensors, scheme_of, res)
+    exclude = list(q.get("exclude_modules") or [])
+    mods, recipe = _check_exclusions(tensors, quantized, config, exclude, res, nested, mixed=layers is not None)
+    if layers is not None:
+        for mod in sorted(set(layers) - set(quantized), key=natural_key):
+            res.add(ERROR, "mixed-listed", mod, f"{mod}: in quantized_layers as {layers[mod].get('quant_algo')} but has no quantized tensors")
+    _check_shared_scales(mods, recipe, scheme_of, tensors, res)
     _check_finite(tensors, res)
     if source:
         searched = (nested.get("converter") or {}).get("scale_search", "none") != "none"
-        _compare_with_source(source, quantized, scheme, recipe, res, searched)
+        _compare_with_source(source, quantized, scheme_of, recipe, res, searched)
     return res
 
 
@@ -302,7 +334,7 @@ def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bo
     return True
 
 
-def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: VerifyResult, searched: bool = False) -> None:
+def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
     from .checkpoint.source import open_source
     from .experts import expand, read_virtual
     from .schemes.numerics import relative_error, sqnr_db
@@ -310,7 +342,12 @@ def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: Verif
 
     source = open_source(src)
     tensors, _ = expand(source.tensors, recipe, lambda m: True)
+    algo_of = {}
     for mod, leaves in quantized.items():
+        scheme = scheme_of(mod)
+        if scheme is None:
+            continue
+        algo_of[f"{mod}.weight"] = scheme.algo
         ref = tensors.get(f"{mod}.weight")
         if ref is None:
             res.add(WARNING, "source", mod, f"{mod}: not found in the source {src}; not compared")
@@ -324,13 +361,15 @@ def _compare_with_source(src: str, quantized, scheme: Scheme, recipe, res: Verif
         res.errors_by_tensor[f"{mod}.weight"] = {"sqnr_db": sqnr_db(w, deq), "rel_error": relative_error(w, deq)}
         if searched:  # written with --scale-search: how much better than round-to-nearest under the same global scale
             res.errors_by_tensor[f"{mod}.weight"].update(compare_with_rtn(scheme, w, q, deq))
-    values = [e["sqnr_db"] for e in res.errors_by_tensor.values() if e["sqnr_db"] != float("inf")]
-    if not values:
-        return
-    median = statistics.median(values)
-    floor = SQNR_FLOOR_DB[scheme.algo]
+    by_algo: dict[str, list[float]] = {}  # medians per algorithm (a mixed checkpoint holds several)
     for name, e in res.errors_by_tensor.items():
+        if e["sqnr_db"] != float("inf"):
+            by_algo.setdefault(algo_of[name], []).append(e["sqnr_db"])
+    for name, e in res.errors_by_tensor.items():
+        floor = SQNR_FLOOR_DB[algo_of[name]]
+        values = by_algo.get(algo_of[name])
+        median = statistics.median(values) if values else float("inf")
         if e["sqnr_db"] < floor:
-            res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {scheme.algo} floor of {floor:g} dB (docs/verify.md)")
-        elif e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
+            res.add(ERROR, "accuracy-floor", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is under the {algo_of[name]} floor of {floor:g} dB (docs/verify.md)")
+        elif values and e["sqnr_db"] < median - MEDIAN_MARGIN_DB:
             res.add(WARNING, "accuracy-outlier", name, f"{name}: SQNR {e['sqnr_db']:.1f} dB is more than {MEDIAN_MARGIN_DB:g} dB below the checkpoint's median {median:.1f} dB")

@@ -136,7 +136,7 @@ def test_cli_exit_codes_and_json(family, tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.load(open(tmp_path / "c.json"))
     assert doc["ok"] and doc["summary"]["quantized"] == 14 and doc["tp"] == 1
-    assert {"module", "vllm_prefix", "kind", "quantized", "rule", "shape", "fused_group"} == set(doc["modules"][0])
+    assert {"module", "vllm_prefix", "kind", "quantized", "rule", "shape", "fused_group", "algo", "algo_rule"} == set(doc["modules"][0])
     r = CliRunner().invoke(main, ["check", src, "--algo", "NVFP4", "--exclude", "*.k_proj", "--json", str(tmp_path / "d.json")])
     assert r.exit_code == 1 and "check failed" in r.output
     doc = json.load(open(tmp_path / "d.json"))

@@ -15,7 +15,7 @@ from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
 from tests.conftest import assert_same_bytes, load_all, golden_checkpoint
 
-ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8"]
+ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"]
 
 
 def run(src, dst, algo, **kw):
@@ -51,7 +51,7 @@ def test_every_output_tensor_and_config(tiny_llama, tmp_path, algo):
     assert qc["quant_method"] == "modelopt" and qc["ignore"] == hq["quantization"]["exclude_modules"]
     assert qc["quant_algo"] == scheme.quant_algo and "group_size" not in qc and "kv_cache_quant_algo" not in qc
     assert ("config_groups" in qc) == (algo in ("FP8", "NVFP4", "W4A16_NVFP4"))
-    assert ("group_size" in hq["quantization"]) == ("NVFP4" in algo)
+    assert ("group_size" in hq["quantization"]) == ("NVFP4" in algo or algo == "MXFP8")
     assert cfg["model_type"] == "llama"
     assert os.path.exists(tmp_path / "out" / "generation_config.json")
     assert os.path.exists(tmp_path / "out" / "tokenizer_config.json")
@@ -92,7 +92,7 @@ def test_output_bytes_do_not_depend_on_source_sharding(make_checkpoint, tmp_path
         assert open(tmp_path / "oa" / f, "rb").read() == open(tmp_path / "ob" / f, "rb").read(), f
 
 
-@pytest.mark.parametrize("algo", ["FP8_PB_WO", "FP8_PER_CHANNEL_PER_TOKEN", "W4A16_NVFP4", "NVFP4"])
+@pytest.mark.parametrize("algo", ["FP8_PB_WO", "FP8_PER_CHANNEL_PER_TOKEN", "W4A16_NVFP4", "NVFP4", "MXFP8"])
 def test_golden_modelopt_checkpoints_byte_for_byte(tmp_path, algo):
     """Every tensor equals ModelOpt's export except NVFP4 input_scale (calibrated there, constant here)."""
     run(golden_checkpoint("tiny-llama"), tmp_path / "out", algo)

@@ -34,8 +34,20 @@ def test_torch_reference_on_cuda_equals_cpu(algo):
     ("tiny-deepseek", "NVFP4", "plain"), ("tiny-qwen3-moe-fused", "FP8", "plain"),
     ("tiny-llama", "NVFP4", "marlin"), ("tiny-llama", "FP8_PB_WO", "marlin"), ("tiny-llama", "NVFP4", "cutlass"),
     ("tiny-qwen3-moe", "NVFP4", "flashinfer"),
+    ("tiny-llama", "MXFP8", "plain"), ("tiny-qwen3-moe-fused", "MXFP8", "plain"), ("tiny-llama", "MXFP8", "marlin"),
+    ("tiny-qwen3-moe", "MXFP8", "marlin"),
 ])
 def test_conversion_on_cuda_equals_cpu(tmp_path, example, algo, layout):
     convert(f"example:{example}", str(tmp_path / "cpu"), algo=algo, layout=layout, device="cpu", quiet=True)
     convert(f"example:{example}", str(tmp_path / "gpu"), algo=algo, layout=layout, device="cuda", quiet=True)
     assert files(tmp_path / "cpu") == files(tmp_path / "gpu")
+
+
+@pytest.mark.parametrize("example,algo,rule", [
+    ("tiny-llama", "NVFP4", "self_attn*=FP8_PB_WO"), ("tiny-qwen3-moe", "FP8_PB_WO", "*experts*=NVFP4"),
+    ("tiny-llama", "MXFP8", "mlp*=NVFP4"),
+])
+def test_mixed_precision_on_cuda_equals_cpu(tmp_path, example, algo, rule):
+    for dev in ("cpu", "cuda"):
+        convert(f"example:{example}", str(tmp_path / dev), algo=algo, algo_for=[rule], device=dev, quiet=True)
+    assert files(tmp_path / "cpu") == files(tmp_path / "cuda")

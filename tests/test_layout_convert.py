@@ -17,7 +17,7 @@ from quantize_cli.schemes import SCHEMES
 from quantize_cli.verify import verify_checkpoint
 
 DENSE = [("marlin", "NVFP4"), ("marlin", "W4A16_NVFP4"), ("marlin", "FP8"), ("marlin", "FP8_PER_CHANNEL_PER_TOKEN"),
-         ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4")]
+         ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4"), ("marlin", "MXFP8")]
 
 
 def files(folder):
@@ -40,7 +40,8 @@ def test_dense_round_trip_is_byte_identical_to_a_plain_conversion(tiny_llama, tm
     assert files(tmp_path / "unpacked") == files(tmp_path / "plain")
 
 
-@pytest.mark.parametrize("layout,algo", [("cutlass", "NVFP4"), ("flashinfer", "NVFP4"), ("flashinfer", "FP8"), ("cutlass", "FP8")])
+@pytest.mark.parametrize("layout,algo", [("cutlass", "NVFP4"), ("flashinfer", "NVFP4"), ("flashinfer", "FP8"), ("cutlass", "FP8"),
+                                         ("marlin", "MXFP8")])
 def test_moe_stacks_round_trip(make_checkpoint, tmp_path, layout, algo):
     cfg = qwen3_moe_config()
     src = make_checkpoint(qwen3_moe_tensors(cfg, seed=3, fused_experts=True), cfg, shards=2)
@@ -71,7 +72,8 @@ def test_packed_checkpoint_makes_stock_loaders_fail_loudly(tiny_llama, tmp_path)
     assert any(f.code == "packed" for f in verify_checkpoint(str(tmp_path / "p")).errors)
 
 
-@pytest.mark.parametrize("layout,algo", [("marlin", "NVFP4"), ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4")])
+@pytest.mark.parametrize("layout,algo", [("marlin", "NVFP4"), ("marlin", "FP8_PB_WO"), ("marlin", "INT8"), ("cutlass", "NVFP4"), ("flashinfer", "NVFP4"),
+                                         ("marlin", "MXFP8")])
 def test_semantics_packed_operands_compute_the_plain_weight(tiny_llama, tmp_path, layout, algo):
     """A matmul reading the packed operands (through unpack + dequantization) equals the plain one
     exactly; the kernel's own view of the operands (layouts.dequantize: its order of products)
@@ -103,6 +105,26 @@ def test_unsupported_combinations_are_refused_with_the_reason(tiny_llama, tmp_pa
     with pytest.raises(PlanError) as exc:
         convert(tiny_llama, str(tmp_path / "o"), algo="W4A16_NVFP4", layout="flashinfer", quiet=True)
     assert "weight-only" in exc.value.details[0]
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_mxfp8_marlin_refusals(make_checkpoint, tiny_llama, tmp_path):
+    """MXFP8: Marlin needs bf16 activations (vLLM serves MXFP8 with bf16 only); the Blackwell
+    layouts and Marlin MoE stacks that vLLM would pad are refused with the reason, before anything
+    is written."""
+    with pytest.raises(PlanError) as exc:
+        convert(tiny_llama, str(tmp_path / "o"), algo="MXFP8", layout="cutlass", quiet=True)
+    assert "FlashInfer's MXFP8" in exc.value.details[0]
+    cfg = dict(qwen3_moe_config(), moe_intermediate_size=96)
+    moe = make_checkpoint(qwen3_moe_tensors(cfg, seed=1), cfg, shards=1, name="moe")
+    with pytest.raises(PlanError) as exc:
+        convert(moe, str(tmp_path / "o"), algo="MXFP8", layout="marlin", quiet=True)
+    assert any("Marlin MXFP8 MoE needs intermediate % 64 == 0" in d for d in exc.value.details)
+    cfg16 = dict(json.load(open(os.path.join(tiny_llama, "config.json"))), torch_dtype="float16")
+    fp16 = make_checkpoint(tensors(tiny_llama), cfg16, shards=1, name="fp16")
+    with pytest.raises(PlanError) as exc:
+        convert(fp16, str(tmp_path / "o"), algo="MXFP8", layout="marlin", quiet=True)
+    assert any("bfloat16 activations only" in d for d in exc.value.details)
     assert not os.path.exists(tmp_path / "o")
 
 

@@ -27,7 +27,7 @@ def qwen_moe(make_checkpoint):
     return make_checkpoint(qwen3_moe_tensors(cfg, seed=2), cfg, shards=3, name="moe")
 
 
-@pytest.mark.parametrize("algo", ["NVFP4", "W4A16_NVFP4", "FP8", "INT8"])
+@pytest.mark.parametrize("algo", ["NVFP4", "W4A16_NVFP4", "FP8", "INT8", "MXFP8"])
 def test_fused_3d_experts_give_the_same_bytes_as_per_expert(make_checkpoint, tmp_path, algo):
     cfg = qwen3_moe_config()
     a = make_checkpoint(qwen3_moe_tensors(cfg, seed=5), cfg, shards=2, name="per_expert")
@@ -48,6 +48,22 @@ def test_each_expert_gate_and_up_share_their_global_scale(qwen_moe, tmp_path, al
             assert torch.equal(out[f"{p}.gate_proj.input_scale"], out[f"{p}.up_proj.input_scale"])
         # experts differ in magnitude, so sharing across experts would be a bug
         assert not torch.equal(out[f"model.layers.{layer}.mlp.experts.0.gate_proj.{key}"], out[f"model.layers.{layer}.mlp.experts.3.gate_proj.{key}"])
+
+
+def test_mxfp8_experts_equal_the_reference_per_expert(qwen_moe, tmp_path):
+    """vLLM serves MXFP8 experts (ModelOptMxFp8FusedMoE): each expert is its own 2-D MXFP8 weight."""
+    out = run(qwen_moe, tmp_path / "out", "MXFP8")
+    src = load_all(qwen_moe)
+    s = SCHEMES["MXFP8"]
+    experts = [n for n in src if ".experts." in n]
+    assert experts
+    for name in experts:
+        mod = name[: -len(".weight")]
+        ref = s.quantize(src[name])
+        for k in ("weight", "weight_scale"):
+            assert_same_bytes(out[f"{mod}.{k}"], ref[k], f"{mod}.{k}")
+    hq = json.load(open(tmp_path / "out" / "hf_quant_config.json"))["quantization"]
+    assert hq["quant_algo"] == "MXFP8" and hq["group_size"] == 32
 
 
 def test_routers_kept_and_listed(qwen_moe, tmp_path):

@@ -46,7 +46,7 @@ def codes(res):
     return {f.code for f in res.errors}
 
 
-@pytest.mark.parametrize("algo", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8"])
+@pytest.mark.parametrize("algo", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"])
 def test_our_outputs_pass_with_source_errors(converted, tiny_llama, algo):
     res = verify_checkpoint(converted(algo), tiny_llama)
     assert not res.errors, [f.message for f in res.errors]
@@ -54,7 +54,7 @@ def test_our_outputs_pass_with_source_errors(converted, tiny_llama, algo):
     assert all(e["sqnr_db"] > 15 for e in res.errors_by_tensor.values())
 
 
-@pytest.mark.parametrize("algo", ["FP8", "FP8_PB_WO", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4"])
+@pytest.mark.parametrize("algo", ["FP8", "FP8_PB_WO", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4", "MXFP8"])
 def test_modelopt_exports_pass(algo):
     res = verify_checkpoint(golden_checkpoint(f"tiny-llama-{algo}"), golden_checkpoint("tiny-llama"))
     assert not res.errors, [f.message for f in res.errors]

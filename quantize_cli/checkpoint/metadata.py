@@ -36,6 +36,13 @@ def hf_quant_config(scheme: Scheme, exclude_modules: list[str], kv_cache_dtype: 
     return doc
 
 
+def mixed_hf_quant_config(plan, kv_cache_dtype: str | None = None) -> dict:
+    """The nested document of a MIXED_PRECISION plan (mixed.py: ``quantized_layers``, no exclude list)."""
+    from ..mixed import hf_quant_config as mixed_doc
+
+    return mixed_doc(plan.schemes, _kv_algo(kv_cache_dtype), PRODUCER, {"name": "quantize", "version": __version__})
+
+
 def _kv_algo(kv_cache_dtype: str | None) -> str | None:
     return None if kv_cache_dtype is None else kv_cache_dtype.upper()
 
@@ -69,12 +76,17 @@ def flat_quantization_config(nested: dict) -> dict:
     from ..schemes import SCHEMES
 
     q = nested["quantization"]
-    scheme = next(s for s in SCHEMES.values() if s.quant_algo == q["quant_algo"])
     out: dict = {}
-    groups = config_groups(scheme)
-    if groups:
-        out["config_groups"] = groups
-    out["ignore"] = list(q["exclude_modules"])
+    if q["quant_algo"] == "MIXED_PRECISION":
+        from ..mixed import config_groups as mixed_groups
+
+        out["config_groups"] = mixed_groups(q["quantized_layers"])
+        out["quantized_layers"] = {k: dict(v) for k, v in q["quantized_layers"].items()}
+    else:
+        groups = config_groups(next(s for s in SCHEMES.values() if s.quant_algo == q["quant_algo"]))
+        if groups:
+            out["config_groups"] = groups
+    out["ignore"] = list(q.get("exclude_modules", []))
     out["quant_algo"] = q["quant_algo"]
     kv = q.get("kv_cache_quant_algo")
     if kv:

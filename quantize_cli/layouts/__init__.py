@@ -18,7 +18,7 @@ import torch
 from ..schemes import SCHEMES, get_scheme
 from . import cutlass, flashinfer, marlin
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8")
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 VLLM = "vllm 0.33.0"
 FLASHINFER = "flashinfer 0.7.2"
 
@@ -64,6 +64,11 @@ def suffix(layout: Layout | str) -> str:
     return "_" + _layout(layout).value
 
 
+_MXFP8_BLACKWELL = (
+    "vLLM 0.33.0 runs MXFP8 on Blackwell through FlashInfer's MXFP8 GEMM / TRT-LLM MoE kernels, whose "
+    "scale swizzle this converter does not pre-pack; use --layout marlin (SM80+) or --layout plain"
+)
+
 _W4A16_ONLY = (
     "W4A16_NVFP4 is weight-only: vLLM 0.33.0 serves it with Marlin (or FlashInfer's CuTe-DSL "
     "W4A16 GEMM, whose weight prep this converter does not reproduce); use --layout marlin"
@@ -76,9 +81,11 @@ def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return None
+    if algo == "MXFP8":
+        return None if layout is Layout.MARLIN else _MXFP8_BLACKWELL  # Marlin: dense and MoE stacks
     if moe:
         if layout is Layout.MARLIN:
-            return "Marlin MoE expert stacks are not pre-packed yet (dense Linears only); use --layout plain"
+            return "Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); use --layout plain"
         if algo in ("FP8", "NVFP4", "FP8_PB_WO"):
             return None
         if algo == "W4A16_NVFP4":
@@ -218,6 +225,8 @@ def moe_shape_problem(layout: Layout | str, algo: str, experts: int, intermediat
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return None
+    if layout is Layout.MARLIN:
+        return supported(layout, algo, moe=True) or marlin.moe_shape_problem(algo, experts, intermediate, hidden)
     return supported(layout, algo, moe=True) or flashinfer.moe_shape_problem(
         _moe_backend(layout), algo, experts, intermediate, hidden)
 
@@ -230,6 +239,8 @@ def moe_packed_specs(layout: Layout | str, algo: str, experts: int, intermediate
     problem = moe_shape_problem(layout, algo, experts, intermediate, hidden)
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
+    if layout is Layout.MARLIN:
+        return marlin.moe_specs(algo, experts, intermediate, hidden)
     return flashinfer.moe_specs(_moe_backend(layout), algo, experts, intermediate, hidden, suffix(layout))
 
 
@@ -248,7 +259,10 @@ def pack_moe(layout: Layout | str, algo: str, w13: dict[str, torch.Tensor], w2: 
     problem = moe_shape_problem(layout, algo, e, i, h)
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
-    out = flashinfer.pack_moe(_moe_backend(layout), algo, w13, w2, suffix(layout))
+    if layout is Layout.MARLIN:
+        out = marlin.pack_moe(algo, w13, w2)
+    else:
+        out = flashinfer.pack_moe(_moe_backend(layout), algo, w13, w2, suffix(layout))
     for side, plain in (("w13", w13), ("w2", w2)):
         out[side].update({k: v for k, v in plain.items() if k != "weight" and v is not None})
     return out
@@ -258,7 +272,10 @@ def unpack_moe(layout: Layout | str, algo: str, packed: dict) -> dict:
     """Inverse of :func:`pack_moe`: ``{"w13": plain stack, "w2": plain stack}``, byte for byte."""
     layout, algo = _layout(layout), _algo(algo)
     _require(layout, algo, moe=True)
-    out = flashinfer.unpack_moe(_moe_backend(layout), algo, packed, suffix(layout))
+    if layout is Layout.MARLIN:
+        out = marlin.unpack_moe(algo, packed)
+    else:
+        out = flashinfer.unpack_moe(_moe_backend(layout), algo, packed, suffix(layout))
     for side in ("w13", "w2"):
         out[side].update(_split(layout, packed[side])[1])
     return out
@@ -281,7 +298,8 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
         meta.update({
             "target": VLLM, "activation_dtype": act, "is_a_8bit": False,
             "kernels": {"FP8*": "MarlinFP8ScaledMMLinearKernel (W8A16)", "NVFP4": "MarlinNvFp4LinearKernel (W4A16)",
-                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)"},
+                        "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)",
+                        "MXFP8 MoE": "Marlin fused MoE (prepare_mxfp8_moe_layer_for_marlin)"},
             "tile": {"k": marlin.TILE_K, "n": marlin.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "
                        "K a multiple of the group; logical [N, K] in weight_shape_marlin",
@@ -289,6 +307,7 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
             "nvfp4_global_scale_log2_multiplier": {torch.bfloat16: 119, torch.float16: 7}.get(act_dtype),
             "nvfp4_scale_format": "S0E5M3 bytes (typed F8_E4M3), data-dependent scale_factor folded into "
                                   "weight_global_scale_marlin",
+            "mxfp8_scale_format": "e8m0 bytes (U8) [Kp/32, Np], grouped permutation, runs of 4 swapped [0,2,1,3]",
         })
     elif layout is Layout.CUTLASS:
         meta.update({

@@ -15,15 +15,17 @@ B fragment: rows ``2t, 2t+1, 2t+8, 2t+9`` of columns ``col`` and ``col+8`` of a 
      int ``8*(4col+t) + 2w + b`` holding bytes for k offsets +0, +8, +1, +9: spec §1.2)
 
 The interleaved nibble/byte order lets the kernel turn codes into 16-bit floats with a couple of
-``prmt``/``lop3`` instructions. Code conventions: FP8 = the raw e4m3 byte, NVFP4 = the raw E2M1
-nibble, INT8 = ``q + 128`` (``uint8b128``).
+``prmt``/``lop3`` instructions. Code conventions: FP8 and MXFP8 = the raw e4m3 byte, NVFP4 = the
+raw E2M1 nibble, INT8 = ``q + 128`` (``uint8b128``).
 
 Scales are ``[G, N]`` (G = 1 per tensor / per channel, K/group otherwise) in the activation dtype,
 permuted on the row-major flattening: grouped -> each 64-chunk 8x8-transposed; one group ->
 each 32-chunk gathered with ``off = [0,1,8,9,16,17,24,25]`` (spec §1.3). Then format finishing
 (spec §1.4): FP8 scales x2^120 (bf16) / x2^8 (fp16) because the kernel builds 16-bit floats from
 e4m3 bits by shifting; NVFP4 scales become S0E5M3 bytes (x scale_factor x2^7, runs of 4 swapped
-[0,2,1,3], values < 2 dropped) and the global scale carries x2^119 (bf16) / x2^7 (fp16) / scale_factor.
+[0,2,1,3], values < 2 dropped) and the global scale carries x2^119 (bf16) / x2^7 (fp16) / scale_factor;
+MXFP8 e8m0 scale bytes ``[Kp/32, Np]`` only move (grouped permutation, runs of 4 swapped [0,2,1,3]),
+bf16 activations only.
 
 Shapes that fit neither (N%64, K%128) nor (N%128, K%64) are zero-padded to the cheaper family
 (``marlin_padded_nk``); the logical [N, K] is written beside as ``weight_shape_marlin``.
@@ -38,12 +40,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..schemes.mxfp8 import e8m0_to_float
 from ..schemes.numerics import unpack_nibbles
 
 SUFFIX = "_marlin"
 TILE_K, TILE_N = 16, 64
 FP8_BLOCK = 128
 NVFP4_GROUP = 16
+MX_GROUP = 32
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 # Exponent-bias factors (spec §1.4): 2^(2^(e-1) - 2^3) for FP8, 2^(2^(e-1) - 2^1 - 7) for NVFP4.
 FP8_BIAS = {torch.bfloat16: 2.0**120, torch.float16: 2.0**8}
@@ -66,8 +70,8 @@ def _bits(algo: str) -> int:
 
 
 def group_size(algo: str) -> int:
-    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks) or 16 (NVFP4)."""
-    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP}.get(algo, -1)
+    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks), 16 (NVFP4) or 32 (MXFP8)."""
+    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_GROUP}.get(algo, -1)
 
 
 def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:
@@ -204,6 +208,23 @@ def nvfp4_scales(ws: torch.Tensor, n: int, np_: int, kp: int, act: torch.dtype, 
     return byte.to(torch.uint8).view(torch.float8_e4m3fn)
 
 
+def mxfp8_scales(ws: torch.Tensor, n: int, np_: int, kp: int) -> torch.Tensor:
+    """uint8 e8m0 ``[N, K/32]`` -> Marlin e8m0 bytes ``[Kp/32, Np]`` (vLLM 0.33
+    ``prepare_mxfp8_layer_for_marlin``): transposed, zero-padded (byte 0), the grouped (8x8)
+    permutation, then in runs of 4 entries ``[0, 2, 1, 3]`` (``mxfp8_marlin_process_scales``).
+    vLLM goes through bf16 and back, which is exact for every power of two: a byte permutation."""
+    s = F.pad(ws.view(torch.uint8).T, (0, np_ - n, 0, kp // MX_GROUP - ws.shape[1]))
+    s = permute_scales(s, _grouped(MX_GROUP, kp))
+    return s.reshape(-1, 2, 2).transpose(1, 2).reshape(s.shape).contiguous()
+
+
+def decode_mxfp8_scales(b: torch.Tensor, kp: int) -> torch.Tensor:
+    """Inverse of :func:`mxfp8_scales` up to the padding: uint8 ``[Kp/32, Np]`` in plain order."""
+    s = b.view(torch.uint8)
+    s = s.reshape(-1, 2, 2).transpose(1, 2).reshape(s.shape)
+    return unpermute_scales(s, _grouped(MX_GROUP, kp))
+
+
 def decode_nvfp4_scales(b: torch.Tensor, kp: int) -> torch.Tensor:
     """Marlin S0E5M3 bytes -> fp16 ``s * sf * 2^7`` in plain ``[Kp/16, Np]`` order (kernel view)."""
     h = (b.view(torch.uint8).to(torch.int16) << 7).view(torch.float16)
@@ -230,6 +251,8 @@ def specs(algo: str, shape: tuple[int, int], act: torch.dtype) -> dict[str, tupl
     if bits == 4:
         out["weight_scale" + SUFFIX] = ("F8_E4M3", (kp // NVFP4_GROUP, np_))
         out["weight_global_scale" + SUFFIX] = ("F32", ())
+    elif algo == "MXFP8":
+        out["weight_scale" + SUFFIX] = ("U8", (kp // MX_GROUP, np_))
     else:
         g = kp // FP8_BLOCK if algo == "FP8_PB_WO" else 1
         out["weight_scale" + SUFFIX] = ("BF16" if act == torch.bfloat16 else "F16", (g, np_))
@@ -256,6 +279,8 @@ def pack(algo: str, plain: dict[str, torch.Tensor], act: torch.dtype, scale_fact
         sf = nvfp4_scale_factor(ws, act) if scale_factor is None else float(scale_factor)
         out["weight_scale" + SUFFIX] = nvfp4_scales(ws, n, np_, kp, act, sf)
         out["weight_global_scale" + SUFFIX] = plain["weight_scale_2"].float() * NVFP4_GLOBAL_BIAS[act] / sf
+    elif algo == "MXFP8":
+        out["weight_scale" + SUFFIX] = mxfp8_scales(ws, n, np_, kp)
     else:
         out["weight_scale" + SUFFIX] = channel_scales(algo, ws, n, np_, kp, act)
     out["weight_shape" + SUFFIX] = torch.tensor([n, k], dtype=torch.int32, device=w.device)
@@ -285,6 +310,10 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
     q = packed["weight" + SUFFIX]
     kp = q.shape[0] * 16
     codes = unrepack_codes(q, bits).to(torch.int16)
+    if algo == "MXFP8":  # exact values: e4m3 code x 2^(scale - 127) (the kernel's own bit tricks are not emulated)
+        vals = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+        s = e8m0_to_float(decode_mxfp8_scales(packed["weight_scale" + SUFFIX], kp))
+        return vals * s.repeat_interleave(MX_GROUP, dim=0).T
     if algo == "INT8":
         vals = codes.float() - 128
     elif bits == 8:  # e4m3 s.eeee.mmm -> 16-bit float with the same exponent field, wrong bias
@@ -304,3 +333,48 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
     if bits == 4:
         w = w * packed["weight_global_scale" + SUFFIX]
     return w
+
+
+# --------------------------------------------------------------------------------------------
+# MoE expert stacks (MXFP8: vLLM 0.33 prepare_mxfp8_moe_layer_for_marlin)
+
+
+def moe_shape_problem(algo: str, e: int, i: int, h: int) -> str | None:
+    """Why Marlin stacks of (E, I, H) cannot be pre-packed, or None (MXFP8 only)."""
+    if algo != "MXFP8":
+        return "Marlin MoE expert stacks are pre-packed for MXFP8 only; use --layout plain"
+    if i % TILE_N or h % TILE_N:
+        return (f"Marlin MXFP8 MoE needs intermediate % 64 == 0 and hidden % 64 == 0 (vLLM 0.33.0 pads the "
+                f"intermediate size otherwise; padding is not pre-packed), got I={i}, H={h}")
+    return None
+
+
+def moe_specs(algo: str, e: int, i: int, h: int) -> dict[str, dict]:
+    """``{"w13": {name: (dtype, shape)}, "w2": {...}}``: per expert the dense MXFP8 Marlin tensors
+    of w13 ``[2I, H]`` and w2 ``[H, I]``, stacked (no padding, see :func:`moe_shape_problem`)."""
+    def one(n: int, k: int) -> dict:
+        return {"weight" + SUFFIX: ("I32", (e, k // 16, 4 * n)), "weight_scale" + SUFFIX: ("U8", (e, k // MX_GROUP, n))}
+
+    return {"w13": one(2 * i, h), "w2": one(h, i)}
+
+
+def _pack_expert(algo: str, w: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = w.shape
+    return repack_codes(weight_codes(algo, w), 8), mxfp8_scales(ws, n, n, k)
+
+
+def pack_moe(algo: str, w13: dict, w2: dict) -> dict[str, dict]:
+    """Stacked plain experts (``w13 [E, 2I, H]`` = [gate ; up], ``w2 [E, H, I]``, e8m0 scales
+    ``[E, rows, K/32]``) -> Marlin stacks, expert by expert as vLLM does."""
+    out = {}
+    for side, plain in (("w13", w13), ("w2", w2)):
+        parts = [_pack_expert(algo, w, s) for w, s in zip(plain["weight"], plain["weight_scale"])]
+        out[side] = {"weight" + SUFFIX: torch.stack([p[0] for p in parts]),
+                     "weight_scale" + SUFFIX: torch.stack([p[1] for p in parts])}
+    return out
+
+
+def unpack_moe(algo: str, packed: dict[str, dict]) -> dict[str, dict]:
+    """Inverse of :func:`pack_moe` for the weights (the plain scales are kept beside)."""
+    return {side: {"weight": torch.stack([codes_to_weight(algo, unrepack_codes(q, 8)) for q in packed[side]["weight" + SUFFIX]])}
+            for side in ("w13", "w2")}

@@ -6,6 +6,7 @@ from ..errors import UsageError
 from .base import Scheme
 from .fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
 from .int8 import Int8PerChannel
+from .mxfp8 import MX_BLOCK, Mxfp8
 from .nvfp4 import Nvfp4
 
 # Calibration-free activation scales (ModelOpt's convention, activation amax = 448):
@@ -23,6 +24,7 @@ SCHEMES: dict[str, Scheme] = {
         Nvfp4("NVFP4", "NVFP4", shares_global_amax=True, static_input_scale=NVFP4_STATIC_INPUT_SCALE, group_size=16),
         Nvfp4("W4A16_NVFP4", "W4A16_NVFP4", shares_global_amax=True, group_size=16),
         Int8PerChannel("INT8", "W8A16"),
+        Mxfp8("MXFP8", "MXFP8", group_size=MX_BLOCK),
     )
 }
 

@@ -48,6 +48,10 @@ class Scheme:
             return f"needs a non-empty 2-D weight, got shape {list(shape)}"
         return None
 
+    def logical_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        """The source weight shape ``[N, K]`` of a stored ``weight`` (packed formats override)."""
+        return tuple(stored)
+
     def outputs(self, shape: tuple[int, int]) -> dict[str, Spec]:
         """The tensors written for a weight of `shape`: suffix -> (safetensors dtype, shape)."""
         raise NotImplementedError

@@ -58,6 +58,9 @@ class Nvfp4(Scheme):
             problem = f"needs in-features (dim 1) divisible by {NVFP4_GROUP} for NVFP4 groups, got {list(shape)}"
         return problem
 
+    def logical_shape(self, stored):
+        return (stored[0], 2 * stored[1])  # two E2M1 codes per byte
+
     def outputs(self, shape):
         n, k = shape
         out: dict[str, Spec] = {

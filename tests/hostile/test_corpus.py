@@ -350,7 +350,8 @@ def test_src_is_a_file_or_missing(tmp_path, src):
 @pytest.mark.parametrize(
     "algo, value",
     [("FP8_PB_WO", float("nan")), ("FP8_PB_WO", float("inf")), ("FP8_PB_WO", float("-inf")), ("FP8", float("nan")),
-     ("FP8_PER_CHANNEL_PER_TOKEN", float("inf")), ("NVFP4", float("nan")), ("W4A16_NVFP4", float("-inf")), ("INT8", float("nan"))],
+     ("FP8_PER_CHANNEL_PER_TOKEN", float("inf")), ("NVFP4", float("nan")), ("W4A16_NVFP4", float("-inf")), ("INT8", float("nan")),
+     ("MXFP8", float("nan")), ("MXFP8", float("-inf"))],
 )
 def test_nan_or_inf_weight_is_reported_and_no_scale_written(tmp_path, algo, value):
     t = tensors()

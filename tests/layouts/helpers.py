@@ -53,6 +53,9 @@ def moe_plain(algo: str, e: int, i: int, h: int, seed: int = 0) -> tuple[dict, d
         elif algo == "FP8":
             w13.setdefault("weight_scale", []).append(torch.stack([qg["weight_scale"], qu["weight_scale"]]))
             w2.setdefault("weight_scale", []).append(qd["weight_scale"])
+        elif algo == "MXFP8":
+            w13.setdefault("weight_scale", []).append(torch.cat([qg["weight_scale"], qu["weight_scale"]]))
+            w2.setdefault("weight_scale", []).append(qd["weight_scale"])
         else:
             w13.setdefault("weight_scale", []).append(torch.cat([qg["weight_scale"], qu["weight_scale"]]))
             w13.setdefault("weight_scale_2", []).append(torch.stack([qg["weight_scale_2"], qu["weight_scale_2"]]))

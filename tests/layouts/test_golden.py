@@ -12,6 +12,7 @@ import torch
 
 from quantize_cli import layouts as L
 from quantize_cli.layouts import flashinfer as FI
+from quantize_cli.schemes import SCHEMES
 from tests.conftest import GOLDEN, assert_same_bytes, golden_case
 
 from .helpers import inputs
@@ -130,3 +131,43 @@ def test_moe_w3w1_linear_intermediate():
     s = case["input.w13.weight_scale"]
     got = FI.swap_w13(s.view(torch.uint8)).view(s.dtype)
     assert_same_bytes(got, case["expected.w13.weight_scale_w3w1_linear"], "w3w1 linear scales")
+
+
+@pytest.mark.parametrize("name", ["marlin_mxfp8_256x384", "marlin_mxfp8_192x160"])
+def test_marlin_mxfp8_case(name):
+    """vLLM 0.33's prepare_mxfp8_layer_for_marlin on ModelOpt exports (golden/mxfp8/README.md);
+    192x160 is zero-padded to [192, 256]."""
+    from safetensors.torch import load_file
+
+    case = load_file(os.path.join(GOLDEN, "mxfp8", f"{name}.safetensors"))
+    plain = inputs(case)
+    packed = L.pack("marlin", "MXFP8", plain, BF16)
+    assert_same_bytes(packed["weight_marlin"], case["expected.marlin_qweight"], f"{name}: weight")
+    assert_same_bytes(packed["weight_scale_marlin"], case["expected.marlin_scales"], f"{name}: scales")
+    assert_same_bytes(packed["weight_scale"], plain["weight_scale"], "plain e8m0 scales kept beside")
+    specs = L.packed_specs("marlin", "MXFP8", tuple(plain["weight"].shape), BF16)
+    assert {k: tuple(v.shape) for k, v in packed.items()} == {k: s for k, (_, s) in specs.items()}
+    back = L.unpack("marlin", "MXFP8", packed, BF16)
+    assert_same_bytes(back["weight"], plain["weight"], "unpack")
+    n, k = plain["weight"].shape
+    deq = L.dequantize("marlin", "MXFP8", packed, BF16)[:n, :k]
+    assert torch.equal(deq, SCHEMES["MXFP8"].dequantize(plain))
+
+
+def test_marlin_mxfp8_moe_case():
+    """vLLM 0.33's prepare_mxfp8_moe_layer_for_marlin on ModelOpt MXFP8 experts (golden/mxfp8/README.md)."""
+    from safetensors.torch import load_file
+
+    case = load_file(os.path.join(GOLDEN, "mxfp8", "marlin_mxfp8_moe_e3_i64_h128.safetensors"))
+    w13, w2 = inputs(case, "input.w13."), inputs(case, "input.w2.")
+    packed = L.pack_moe("marlin", "MXFP8", w13, w2)
+    for side in ("w13", "w2"):
+        assert_same_bytes(packed[side]["weight_marlin"], case[f"expected.{side}.marlin_qweight"], f"{side} weight")
+        assert_same_bytes(packed[side]["weight_scale_marlin"], case[f"expected.{side}.marlin_scales"], f"{side} scales")
+    e, two_i, h = w13["weight"].shape
+    specs = L.moe_packed_specs("marlin", "MXFP8", e, two_i // 2, h)
+    assert {s: {k: tuple(v.shape) for k, v in d.items() if k.endswith("_marlin")} for s, d in packed.items()} == {
+        s: {k: shape for k, (_, shape) in d.items()} for s, d in specs.items()}
+    back = L.unpack_moe("marlin", "MXFP8", packed)
+    assert_same_bytes(back["w13"]["weight"], w13["weight"], "unpack w13")
+    assert_same_bytes(back["w2"]["weight"], w2["weight"], "unpack w2")

@@ -49,6 +49,8 @@ def _kernel_reference(layout: Layout, algo: str, plain: dict, act: torch.dtype) 
             sf = L.marlin.nvfp4_scale_factor(ws, act)
             s = torch.where(s * sf * 2**7 < 2, torch.zeros_like(s), s)
         return _nvfp4(w, s, plain["weight_scale_2"])
+    if algo == "MXFP8":  # e4m3 x 2^(byte - 127), one byte per 32 along K
+        return w.float() * torch.exp2(ws.float() - 127).repeat_interleave(32, dim=1)
     s = ws.to(act).float()  # Marlin keeps FP8 / INT8 scales in the activation dtype
     if algo == "FP8_PB_WO":
         s = expand_blocks(s[:, 0, :, 0], (128, 128), tuple(w.shape))
@@ -103,6 +105,10 @@ def _moe_kernel_view(layout: Layout, algo: str, p: dict, e: int, i: int, h: int)
     row maps (index formulas, not the pack implementation)."""
     sfx = L.suffix(layout)
     a, b = p["w13"]["weight" + sfx], p["w2"]["weight" + sfx]
+    if layout is Layout.MARLIN:  # per expert the dense Marlin operands, read by the kernel view
+        def view(side, x):
+            return L.marlin.dequantize(algo, {k: v[x] for k, v in p[side].items() if k.endswith(sfx)}, torch.bfloat16)
+        return torch.stack([view("w13", x) for x in range(e)]), torch.stack([view("w2", x) for x in range(e)])
     r13, r2 = torch.arange(2 * i), torch.arange(h)
     if layout is Layout.FLASHINFER and algo != "FP8_PB_WO":
         s = (r13 // 32) * 32 + (r13 % 8) * 4 + (r13 % 32) // 8
@@ -151,6 +157,9 @@ def test_moe_gated_mlp(layout, algo):
         r13 = torch.stack([_nvfp4(w13["weight"][x], w13["weight_scale"][x], w13["weight_scale_2"][x, 0])
                            for x in range(e)])
         r2 = torch.stack([_nvfp4(w2["weight"][x], w2["weight_scale"][x], w2["weight_scale_2"][x]) for x in range(e)])
+    elif algo == "MXFP8":  # e4m3 x 2^(byte - 127), one byte per 32 along K
+        r13 = w13["weight"].float() * torch.exp2(w13["weight_scale"].float() - 127).repeat_interleave(32, 2)
+        r2 = w2["weight"].float() * torch.exp2(w2["weight_scale"].float() - 127).repeat_interleave(32, 2)
     elif algo == "FP8":
         r13 = w13["weight"].float() * w13["weight_scale"][:, :1, None]
         r2 = w2["weight"].float() * w2["weight_scale"][:, None, None]
