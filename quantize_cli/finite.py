@@ -40,8 +40,12 @@ def refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
 def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
     """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
     the amax, hence into the scales of its group."""
+    from .schemes.mxfp8 import E8M0_MAX_FINITE_BYTE
+
     device = next(iter(out.values())).device  # the payload's (the constant input_scale lives on the CPU)
     flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
+    # MXFP8's e8m0 scales are uint8 exponents: NaN/Inf in a block shows as a byte no finite amax gives
+    flags += [(t <= E8M0_MAX_FINITE_BYTE).all().to(device) for s, t in out.items() if s == "weight_scale" and t.dtype == torch.uint8]
     return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
 
 

@@ -66,7 +66,7 @@ def verify_ct(path: str, config: dict, res, source: str | None) -> None:
     _check_finite(tensors, res)
     if source:
         recipe = load_recipe(None, config.get("model_type"))
-        _compare_with_source(source, quantized, scheme, recipe, res)
+        _compare_with_source(source, quantized, lambda _module: scheme, recipe, res)
 
 
 def _check_modules(tensors: dict[str, TensorInfo], scheme, res) -> dict[str, dict[str, TensorInfo]]:
