@@ -120,10 +120,6 @@ def convert(src, dst, quiet, debug, **options):
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
-        if not options["dry_run"] and not options["low_disk"]:  # the disk starts while torch and CUDA load (warmup.py)
-            from .warmup import prefetch_source
-
-            prefetch_source(src)
         from .api import convert as run
 
         return run(src, dst, quiet=quiet, **options)
