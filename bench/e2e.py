@@ -220,7 +220,7 @@ class Bench:
             if kind == "quantize":
                 rep = json.load(open(report))
                 info.update(inner_s=rep["timings_s"]["total_s"], rss_GB=int(p.stdout.split("RSS_KB")[-1]) * 1024 / 1e9,
-                            timings=rep["timings_s"], pinned_GB=(rep["bytes"].get("peak_pinned") or 0) / 1e9,
+                            timings=rep["timings_s"],
                             in_flight_GB=(rep["bytes"].get("peak_in_flight") or 0) / 1e9)
             else:
                 info.update(json.loads(p.stdout.split("RESULT ")[-1]))

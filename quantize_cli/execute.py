@@ -62,7 +62,6 @@ class ErrorStats:
 class RunStats:
     bytes_read: int = 0
     peak_inflight: int = 0
-    peak_pinned: int | None = None  # CUDA only: peak pinned host bytes the caching allocator held
     peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer; see Executor._moe)
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
@@ -210,8 +209,6 @@ class Executor:
             if self._prefetch is not None:
                 self._prefetch.close()
         self.stats.peak_inflight = self.read_budget.peak + self.write_budget.peak + self.stats.peak_held
-        if self.pin:  # what the pinned buffers really cost (size classes, caching) beside what the budget counts
-            self.stats.peak_pinned = torch.cuda.host_memory_stats().get("reserved_bytes.all.peak")
         self.stats.stages = {k: round(v, 3) for k, v in sorted(self.timers.seconds.items())}
         return self.stats
 
