@@ -56,3 +56,24 @@ def test_compressed_tensors_takes_the_calibrated_scales(tmp_path, scales, algo):
         assert torch.equal(out[k], want), k
     constant = 1.0 if algo == "FP8" else 6.0
     assert all(out[k].item() != constant for k in names)  # calibrated, not the documented constant
+
+
+def test_mxfp8_in_compressed_tensors_is_refused_with_the_reason(tmp_path):
+    from quantize_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="MXFP8 --format compressed-tensors: not written"):
+        api.convert(golden_checkpoint("tiny-llama"), str(tmp_path / "o"), algo="MXFP8", format="compressed-tensors", quiet=True)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_compressed_tensors_output_resumed_as_modelopt_is_refused(tmp_path):
+    """A finished compressed-tensors DST, retried with --resume in the ModelOpt format: refused, not reused."""
+    from quantize_cli.errors import QuantizeError
+
+    dst = str(tmp_path / "o")
+    api.convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", format="compressed-tensors", quiet=True)
+    before = load_all(dst)
+    with pytest.raises(QuantizeError):
+        api.convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", quiet=True, resume=True)
+    after = load_all(dst)
+    assert before.keys() == after.keys() and all(torch.equal(before[k].view(-1).view(torch.uint8), after[k].view(-1).view(torch.uint8)) for k in before)
