@@ -13,6 +13,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, torch_dtype
 from .errors import NumericsError
 from .experts import ViewedTensor
+from .schemes.mxfp8 import E8M0_MAX_FINITE_BYTE
 
 
 def _read_rows(info, start, count):
@@ -40,8 +41,6 @@ def refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
 def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
     """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
     the amax, hence into the scales of its group."""
-    from .schemes.mxfp8 import E8M0_MAX_FINITE_BYTE
-
     device = next(iter(out.values())).device  # the payload's (the constant input_scale lives on the CPU)
     flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
     # MXFP8's e8m0 scales are uint8 exponents: NaN/Inf in a block shows as a byte no finite amax gives

@@ -41,9 +41,10 @@ class ActScales:
     meta: dict = field(default_factory=dict)
 
     def input_scale(self, module: str, algo: str) -> torch.Tensor:
-        """0-d fp32 ``input_scale`` of `module`: ``amax / 448`` (FP8) or ``amax / 2688`` (NVFP4)."""
-        bound = E4M3_MAX * E2M1_MAX if algo == "NVFP4" else E4M3_MAX
-        return torch.tensor(self.input_amax[module], dtype=torch.float32) / bound
+        """0-d fp32 ModelOpt ``input_scale`` of `module`: ``amax / 448`` (FP8) or ``amax / 2688`` (NVFP4)."""
+        from ..schemes import get_scheme
+
+        return get_scheme(algo).calibrated_inputs(self.input_amax[module], {})["input_scale"]
 
     def digest(self) -> str:
         """sha256 of every resolved amax: what the written scales depend on (resume fingerprint)."""

@@ -16,7 +16,6 @@ import socket
 import struct
 import tempfile
 import time
-import zlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -178,8 +177,10 @@ class UnitExecutor(Executor):
 
 
 def unit_crc(parts: dict[int, str]) -> str:
-    """One CRC for a shard: over its tasks' CRCs (each as :class:`~quantize_cli.pipeline.AsyncWriter` computes it)."""
-    return f"{zlib.crc32(';'.join(f'{i}:{c}' for i, c in sorted(parts.items())).encode()):08x}"
+    """One digest for a shard: over its tasks' digests (each as :class:`~quantize_cli.pipeline.AsyncWriter` computes it)."""
+    from .. import checksum
+
+    return checksum.task_digest({str(i): d for i, d in parts.items()})
 
 
 def shard_size(plan, shard: int) -> tuple[bytes, int]:

@@ -76,7 +76,9 @@ class Scheme:
         """The static activation tensors for a calibrated input `amax` (replacing the constants in `out`).
 
         ModelOpt: fp32 0-d ``input_scale = amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4)."""
-        bound = 448.0 * 6.0 if self.algo == "NVFP4" else 448.0
+        from .numerics import E2M1_MAX, E4M3_MAX
+
+        bound = E4M3_MAX * E2M1_MAX if self.algo == "NVFP4" else E4M3_MAX
         return {"input_scale": torch.tensor(amax, dtype=torch.float32) / torch.tensor(bound, dtype=torch.float32)}
 
     @property

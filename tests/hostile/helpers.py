@@ -129,3 +129,22 @@ def assert_refused(tmp_path, src, *fragments, code: int = 1, algo: str = "FP8_PB
     after = tree_state(tmp_path)
     assert after == before, f"files changed: {sorted(set(after.items()) ^ set(before.items()))}"
     return line
+
+
+def interrupt_after_tasks(monkeypatch, n: int):
+    """Raise KeyboardInterrupt (what Ctrl-C / SIGTERM become) when the writer reaches the n-th finished
+    task; returns a function that puts the real writer back (for the resumed run)."""
+    import quantize_cli.pipeline as pipeline
+
+    real = pipeline.AsyncWriter._do
+    count = [0]
+
+    def do(self, item):
+        if item[0] == "task":
+            count[0] += 1
+            if count[0] == n:
+                raise KeyboardInterrupt
+        return real(self, item)
+
+    monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
+    return lambda: monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)

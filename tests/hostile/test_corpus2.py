@@ -22,6 +22,7 @@ from .helpers import (
     assert_clean_failure,
     assert_refused,
     convert,
+    interrupt_after_tasks,
     invoke,
     make_src,
     pack,
@@ -557,22 +558,10 @@ def test_ten_thousand_tiny_tensors_convert_without_a_hang(tmp_path):
 @pytest.mark.parametrize("damage", ["state-garbage", "state-not-object", "journal-binary", "journal-not-utf8", "shard-is-a-folder",
                                     "journal-is-a-folder"])
 def test_resume_with_a_corrupted_work_folder(tmp_path, damage, monkeypatch):
-    import quantize_cli.pipeline as pipeline
-
     src = make_src(tmp_path / "src")
-    real = pipeline.AsyncWriter._do
-    count = [0]
-
-    def do(self, item):
-        if item[0] == "task":
-            count[0] += 1
-            if count[0] == 4:
-                raise KeyboardInterrupt
-        return real(self, item)
-
-    monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
+    restore = interrupt_after_tasks(monkeypatch, 4)
     assert convert(src, tmp_path / "out").exit_code == 130
-    monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)
+    restore()
     partial = tmp_path / ".out.partial"
     if damage == "state-garbage":
         (partial / ".quantize-state.json").write_bytes(b"\xff\x00garbage")

@@ -20,7 +20,7 @@ from quantize_cli.errors import CheckFailed, DestinationError, NumericsError, So
 from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
 from tests.test_low_disk import fake_hub  # noqa: F401  (fixture)
 
-from .helpers import invoke, make_src
+from .helpers import interrupt_after_tasks, invoke, make_src
 
 
 @pytest.fixture
@@ -92,22 +92,10 @@ def test_low_disk_pins_the_revision_once(fake_hub, tmp_path, monkeypatch):  # no
 
 def test_low_disk_resume_after_the_branch_moved_is_refused(fake_hub, tmp_path, monkeypatch):  # noqa: F811
     local, state = fake_hub
-    import quantize_cli.pipeline as pipeline
-
-    real = pipeline.AsyncWriter._do
-    count = [0]
-
-    def do(self, item):
-        if item[0] == "task":
-            count[0] += 1
-            if count[0] == 4:
-                raise KeyboardInterrupt
-        return real(self, item)
-
-    monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
+    restore = interrupt_after_tasks(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         convert("someone/tiny-llama", str(tmp_path / "out"), algo="FP8", quiet=True, low_disk=True)
-    monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)
+    restore()
     state["sha"] = "c" * 40  # main now points at another commit
     with pytest.raises(DestinationError, match="other options or another source"):
         convert("someone/tiny-llama", str(tmp_path / "out"), algo="FP8", quiet=True, low_disk=True, resume=True)
