@@ -12,7 +12,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -258,6 +258,7 @@ def convert(
     ray_address: str | None = None,
     format: str = "modelopt",
     algo_for=(),
+    kernels: str = "auto",
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -281,6 +282,9 @@ def convert(
     if layout_problem(format, layout):
         raise UsageError(layout_problem(format, layout))
     dev = resolve_device(device)
+    from .kernel_choice import check_kernels
+
+    kernels = check_kernels(kernels, ray_device or dev, format != "modelopt")
     _warm_device(dev)
     if low_disk and (src.startswith("example:") or os.path.exists(src)):
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
@@ -312,7 +316,7 @@ def convert(
     timings = {"plan_s": time.perf_counter() - t0}
     options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
                    kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
-                   scale_search=(scale_search or "none").lower(), algo_for=list(algo_for))
+                   scale_search=(scale_search or "none").lower(), algo_for=list(algo_for), kernels=kernels)
     if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
         options["calibration"] = plan.act_scales.digest()
     if ray_device:
@@ -469,16 +473,11 @@ def _verify_before_publishing(dest: Destination, src: str | None, con: Console):
     return res
 
 
-def _quantize_fn(dev: torch.device, con: Console):
-    """The Triton kernels on a GPU (bit-identical to the references), the torch reference otherwise."""
-    if dev.type != "cuda":
-        return None
-    from . import kernels
+def _quantize_fn(dev: torch.device, con: Console, kernels: str = "auto", ct_format: bool = False):
+    """--kernels: the Triton kernels (bit-identical to the references) or None, the torch reference (kernel_choice.py)."""
+    from .kernel_choice import quantize_fn
 
-    if kernels.can_run(dev):
-        return kernels.quantize
-    con.warn("Triton is unavailable: quantizing with the torch reference on the GPU (same bytes, slower)")
-    return None
+    return quantize_fn(kernels, dev, con.warn, ct_format)
 
 
 def _ray():
@@ -505,10 +504,9 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     journal = executor = None
     try:  # a failure anywhere leaves no open shard file behind (library callers keep running)
         fp = journal_mod.fingerprint(plan, options)
-        executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=None if is_ct(plan.scheme) else _quantize_fn(dev, con), measure_error=measure)
         if earlier:
             writer.open(fresh=False)
-            done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
+            done, journal = journal_mod.resume(dest.partial, fp, plan, Executor.task_outputs, writer)
             skipped = sum(plan.tasks[i].bytes_in for i in done)
             con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
         else:
@@ -517,15 +515,19 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
             journal = journal_mod.start(dest.partial, fp)
             writer.open(fresh=True)
             done = set()
+        sizes, resolver = executor_sizes(budget), None
         if hub:  # --low-disk: sidecars now, each source shard only while it is being read
             from .checkpoint.hub import LazyShards, hub_sidecars
+            from .schedule import Schedule
 
             side = dest.path(".source-sidecars")
-            plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
-            reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
-            executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
+            source = replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side))
+            plan = replace(plan, source=source)  # a new plan: the caller's stays as planned
+            reads = Schedule(plan, **sizes).reads(t for i, t in enumerate(plan.tasks) if i not in done)
+            resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
         bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
-        executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
+        executor = Executor(plan, writer, dev, **sizes, quantize_fn=_quantize_fn(dev, con, options.get("kernels", "auto"), is_ct(plan.scheme)),
+                            measure_error=measure, progress=bar.update, done=done, on_task_written=journal.append, resolver=resolver)
         try:
             stats = executor.run()
         finally:
@@ -550,7 +552,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     for scratch in (".source-sidecars", ".source-shards"):
         shutil.rmtree(dest.path(scratch), ignore_errors=True)
     if hub:
-        con.info(f"--low-disk: at most {executor.resolver.peak_files} source shard(s) were on disk at once")
+        con.info(f"--low-disk: at most {resolver.peak_files} source shard(s) were on disk at once")
     return stats
 
 

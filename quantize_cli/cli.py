@@ -112,6 +112,8 @@ def main():
 @click.option("--format", "format", type=FORMAT, default="modelopt", show_default=True, help="Output format (docs/formats.md).")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
               help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
+@click.option("--kernels", type=click.Choice(["auto", "triton", "torch"], case_sensitive=False), default="auto", show_default=True,
+              help="auto: Triton on a GPU, the torch reference on the CPU; torch: the reference everywhere; triton: require Triton.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""

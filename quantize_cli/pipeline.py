@@ -146,6 +146,41 @@ class Prefetcher:
                 pass
 
 
+class ReadStage:
+    """The read stage: performs the schedule's reads in order and hands each one's data over.
+
+    With `overlap` a :class:`Prefetcher` reads ahead on its own thread, else each read happens
+    when the compute asks for it; either way `budget` counts the bytes read and not yet released.
+    Data for a device other than the CPU is moved there (asynchronously from pinned memory).
+    """
+
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
+                 device: torch.device, overlap: bool = True, timers: Timers | None = None):
+        self.budget = budget
+        self.loader = loader
+        self.device = device
+        self._prefetch = Prefetcher(requests, budget, loader, timers) if overlap else None
+
+    def fetch(self, req: Read) -> torch.Tensor:
+        """The data of the next planned read, `req`."""
+        if self._prefetch is not None:
+            data = self._prefetch.get(req)
+        else:
+            self.budget.acquire(req.nbytes)
+            data = self.loader(req)
+        if not req.raw and self.device.type != "cpu":
+            data = data.to(self.device, non_blocking=True)
+        return data
+
+    def release(self, req: Read) -> None:
+        """`req`'s data is consumed: its bytes no longer count against the budget."""
+        self.budget.release(req.nbytes)
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
+
+
 class AsyncWriter:
     """Writes ``(name, tensor, byte offset)`` items on a background thread; digests every task.
 

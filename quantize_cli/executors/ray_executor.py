@@ -194,7 +194,8 @@ def run_on_ray(plan, dest, device: str, budget: int, resume: bool, measure: bool
             _hub_sidecars(plan, dest, hub)
         nodes = _probe(ray, plan, dest.partial, hub)
         units = partition(plan)
-        ctx = ray_tasks.UnitContext(dest.partial, device, budget, measure, hub, executor_sizes=sizes or {})
+        ctx = ray_tasks.UnitContext(dest.partial, device, budget, measure, hub, executor_sizes=sizes or {},
+                                    kernels=options.get("kernels", "auto"))
         results = _run_units(ray, plan, units, ctx, journaled, dest.partial, con)
         _check_shards(plan, dest.partial, results)
     finally:
