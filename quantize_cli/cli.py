@@ -122,9 +122,10 @@ def convert(src, dst, quiet, debug, **options):
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
-        from .api import convert as run
+        from .api import run
+        from .options import ConvertOptions
 
-        return run(src, dst, quiet=quiet, **options)
+        return run(ConvertOptions(src=src, dst=dst, quiet=quiet, **options))
 
     _run(debug, go)
     _fast_exit()
