@@ -579,7 +579,8 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
             resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
         bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
         executor = Executor(plan, writer, dev, **sizes, quantize_fn=_quantize_fn(dev, con, options.get("kernels", "auto"), is_ct(plan.scheme)),
-                            measure_error=measure, progress=bar.update, done=done, on_task_written=journal.append, resolver=resolver)
+                            measure_error=measure, progress=bar.update, done=done, on_task_written=journal.append, resolver=resolver,
+                            process_budget=budget)
         try:
             stats = executor.run()
         finally:

@@ -26,6 +26,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .compute import ComputeStage, ErrorStats, RunStats
 from .experts import ViewedTensor
+from .host_memory import inflight_limit, rss_bytes, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
 from .plan import Plan, Task
@@ -66,14 +67,18 @@ class Executor:
         progress: a callable taking the number of source bytes just consumed.
         done: indices of tasks already complete (resume); on_task_written(i, digest) journals new ones.
         resolver: low-disk Hub mode: fetches a source shard on first read, drops it after its last
-            (built from :meth:`reads`, which needs no executor: ``Schedule(plan, ...).reads(tasks)``).
+            (built from the reads to come: ``Schedule(plan, **sizes).reads(tasks)``, no executor needed).
         fixed_amax: member module -> its group's amax computed elsewhere (Ray, split groups).
+        process_budget: --memory-budget counting the whole process (host_memory.py): the bytes in
+            flight are cut to it minus the process's RSS once the device is warm. None: only
+            `budget_bytes` bounds them.
     """
 
     def __init__(self, plan: Plan, writer, device: torch.device, chunk_bytes: int = CHUNK_BYTES, hold_bytes: int = HOLD_BYTES,
                  budget_bytes: int = 4 << 30, overlap: bool = True, quantize_fn=None, measure_error: bool = False,
                  progress: Callable[[int], None] | None = None, done: set[int] | frozenset[int] = frozenset(),
-                 on_task_written: Callable[[int, str], None] | None = None, resolver=None, fixed_amax: dict | None = None):
+                 on_task_written: Callable[[int, str], None] | None = None, resolver=None, fixed_amax: dict | None = None,
+                 process_budget: int | None = None):
         self.plan = plan
         self.writer = writer
         self.device = device
@@ -87,12 +92,11 @@ class Executor:
         self.on_task_written = on_task_written or (lambda i, digest: None)
         self.resolver = resolver
         self.fixed_amax = fixed_amax
+        self.process_budget = process_budget
         self.pin = device.type == "cuda"
         self.writer_stopped = True  # False after a failure that left the write thread inside a write
-
-    def reads(self, task: Task) -> list[Read]:
-        """Every read `task` makes, in the order the compute stage consumes them."""
-        return self.schedule.reads([task])
+        self.baseline_rss = 0  # the process's RSS once warm (with process_budget), for the report
+        self.warnings: list[str] = []
 
     @staticmethod
     def task_outputs(task: Task) -> list[str]:
@@ -101,8 +105,8 @@ class Executor:
 
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
-        read_share = self.budget_bytes * 3 // 5  # reads ahead; the rest bounds writes behind
-        read_budget, write_budget = ByteBudget(read_share), ByteBudget(self.budget_bytes - read_share)
+        read_budget, write_budget = ByteBudget(1), ByteBudget(1)
+        self._split(self._inflight(rss_bytes()), read_budget, write_budget)
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
                            self.overlap, timers)
@@ -111,6 +115,10 @@ class Executor:
                                self.measure_error, self.progress, self.fixed_amax,
                                self.resolver.resolve if self.resolver is not None else None, timers)
         try:
+            if self.process_budget is not None:  # reads start at once; the limit is final once CUDA and Triton are in
+                with timers.time("wait_device"):
+                    baseline = warm_baseline(self.device) - read_budget.used  # the reads so far are in flight, not baseline
+                self._split(self._inflight(baseline, final=True), read_budget, write_budget)
             for index, task in enumerate(self.plan.tasks):
                 if index in self.done:
                     self.progress(task.bytes_in)
@@ -127,9 +135,28 @@ class Executor:
         finally:
             reader.close()
         stats = compute.stats
+        stats.warnings[:0] = self.warnings
+        stats.baseline_rss = self.baseline_rss
         stats.peak_inflight = read_budget.peak + write_budget.peak + stats.peak_held
         stats.stages = {k: round(v, 3) for k, v in sorted(timers.seconds.items())}
         return stats
+
+    def _inflight(self, baseline: int, final: bool = False) -> int:
+        """Bytes allowed in flight: `budget_bytes`, within the process budget less its `baseline` RSS."""
+        if self.process_budget is None:
+            return self.budget_bytes
+        limit, warning = inflight_limit(self.process_budget, baseline)
+        if final:
+            self.baseline_rss = baseline
+            if warning:
+                self.warnings.append(warning)
+        return min(self.budget_bytes, limit)
+
+    @staticmethod
+    def _split(limit: int, read_budget: ByteBudget, write_budget: ByteBudget) -> None:
+        read_share = limit * 3 // 5  # reads ahead; the rest bounds writes behind
+        read_budget.set_limit(read_share)
+        write_budget.set_limit(limit - read_share)
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""

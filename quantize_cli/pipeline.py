@@ -70,6 +70,12 @@ class ByteBudget:
             self.used -= n
             self._cond.notify_all()
 
+    def set_limit(self, limit: int) -> None:
+        """A new limit from now on (bytes already in flight stay granted)."""
+        with self._cond:
+            self.limit = max(1, limit)
+            self._cond.notify_all()
+
 
 @dataclass(frozen=True)
 class Read:
