@@ -12,7 +12,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +25,7 @@ from .errors import DestinationError, PlanError, QuantizeError, UsageError
 from .execute import Executor
 from .output_paths import check_json_output
 from .mixed import parse_algo_for
+from .options import Checked, ConvertOptions
 from .plan import Plan, build_plan, parse_size
 from .recipe import load_recipe
 from .report import human_bytes, run_report, unplanned_report, write_json
@@ -258,118 +259,167 @@ def convert(
     ray_address: str | None = None,
     format: str = "modelopt",
     algo_for=(),
+    kernels: str = "auto",
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
-    Raises :class:`QuantizeError` subclasses for every user-facing failure; DST only ever appears
-    complete.
+    The keywords make a :class:`~quantize_cli.options.ConvertOptions` (the CLI builds the same
+    value from its flags) and :func:`run` runs it. Raises :class:`QuantizeError` subclasses for
+    every user-facing failure; DST only ever appears complete.
     """
+    given = locals()  # exactly the keywords above: every one is a ConvertOptions field but the console
+    return run(ConvertOptions(**{k: given[k] for k in ConvertOptions.names()}), console)
+
+
+def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
+    """``convert`` as the architecture reads: options -> plan -> validate -> execute -> write."""
     t0 = time.perf_counter()
-    con = console or Console(quiet)
-    with_scale_search(get_scheme(algo), scale_search)  # usage errors first, in the first second
-    parse_algo_for(algo_for)
-    _kv(kv_cache_dtype)
-    budget = _size(memory_budget, "--memory-budget")
-    if layout not in ("plain", "marlin", "cutlass", "flashinfer"):
-        raise UsageError(f"--layout {layout!r}: choose plain, marlin, cutlass or flashinfer")
-    ray_device = None
-    if executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
-        device, ray_device = "cpu", _ray().check_options(executor, device)
-    from .formats import check_format, layout_problem
+    con = console or Console(opts.quiet)
+    ok = check_options(opts)  # usage errors, in the first second, before anything is read
+    _warm_device(ok.device)
+    plan = _plan(opts, ok, con)
+    timings = {"plan_s": time.perf_counter() - t0}
+    options = recorded_options(opts, ok, plan)
+    if opts.dry_run:
+        return _dry_run(opts, plan, options, timings)
+    _validate(opts, plan, options, timings)
+    if ok.finished:
+        return _already_complete(plan, opts.dst, options, plan.source.root or plan.source.label, opts.report, timings, con)
+    for w in plan.warnings:
+        con.warn(w)
+    dest, stats, verified = _write(opts, ok, plan, options, timings, t0, con)
+    return _finish(opts, plan, options, dest, stats, verified, timings, con)
 
-    format = check_format(format)
-    if layout_problem(format, layout):
-        raise UsageError(layout_problem(format, layout))
-    dev = resolve_device(device)
-    _warm_device(dev)
-    if low_disk and (src.startswith("example:") or os.path.exists(src)):
-        raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
-    _local_options(src, revision, exclude)
+
+def check_options(opts: ConvertOptions) -> Checked:
+    """Every usage error of `opts`, before any download or read (the order decides which is said first)."""
     from . import retry
+    from .formats import check_format, layout_problem
+    from .kernel_choice import check_kernels
+    from .publish import check_push_options
 
-    finished = not dry_run and resume and not overwrite and retry.finished_dst(dst)  # a retry after success
-    if not dry_run:
+    src, dst = opts.src, opts.dst
+    with_scale_search(get_scheme(opts.algo), opts.scale_search)
+    parse_algo_for(opts.algo_for)
+    _kv(opts.kv_cache_dtype)
+    budget = _size(opts.memory_budget, "--memory-budget")
+    if opts.layout not in ("plain", "marlin", "cutlass", "flashinfer"):
+        raise UsageError(f"--layout {opts.layout!r}: choose plain, marlin, cutlass or flashinfer")
+    device, ray_device = opts.device, None
+    if opts.executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
+        device, ray_device = "cpu", _ray().check_options(opts.executor, opts.device)
+    format = check_format(opts.format)
+    if layout_problem(format, opts.layout):
+        raise UsageError(layout_problem(format, opts.layout))
+    dev = resolve_device(device)
+    kernels = check_kernels(opts.kernels, ray_device or dev, format != "modelopt")
+    local_src = src.startswith("example:") or os.path.exists(src)
+    if opts.low_disk and local_src:
+        raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
+    _local_options(src, opts.revision, opts.exclude)
+    finished = not opts.dry_run and opts.resume and not opts.overwrite and retry.finished_dst(dst)  # a retry after success
+    if not opts.dry_run:
         if not dst:
             raise UsageError("convert needs -o DST (or --dry-run)")
         local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
         if not finished:
-            Destination(dst, src_root=local, overwrite=overwrite)  # an existing DST fails before any download
-    if report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
-        check_json_output(report, "--report", (src if os.path.isdir(src) else None, dst))
-    from .publish import check_push_options
+            Destination(dst, src_root=local, overwrite=opts.overwrite)  # an existing DST fails before any download
+    if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
+        check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
+    check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
+    return Checked(budget, dev, ray_device, format, kernels, bool(finished), not local_src)
 
-    check_push_options(push_to_hub, private, revision_out)
+
+def _plan(opts: ConvertOptions, ok: Checked, con: Console) -> Plan:
+    """Resolve SRC (calibrating first when asked) and plan from its headers; the report says why SRC was refused."""
     try:
-        doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
-        on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
-        plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
-                       low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc, format=format,
-                       algo_for=algo_for)
+        doc = _scales(opts.src, opts.algo, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, ok.device,
+                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con)
+        headers_only = opts.low_disk or (opts.executor == "ray" and ok.on_hub)  # Ray workers fetch their own shards
+        return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
+                       opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format,
+                       algo_for=opts.algo_for)
     except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
-        if report:
-            write_json(report, unplanned_report(src, dst, algo, exc.message))
+        if opts.report:
+            write_json(opts.report, unplanned_report(opts.src, opts.dst, opts.algo, exc.message))
         raise
-    timings = {"plan_s": time.perf_counter() - t0}
-    options = dict(algo=plan.scheme.algo, exclude=list(exclude), recipe=plan.recipe.name, layout=layout, device=str(dev),
-                   kv_cache_dtype=kv_cache_dtype, max_shard_size=str(max_shard_size), memory_budget=str(memory_budget),
-                   scale_search=(scale_search or "none").lower(), algo_for=list(algo_for))
+
+
+def recorded_options(opts: ConvertOptions, ok: Checked, plan: Plan) -> dict:
+    """The options as the report, the resume fingerprint and the finished-DST record keep them."""
+    options = dict(algo=plan.scheme.algo, exclude=list(opts.exclude), recipe=plan.recipe.name, layout=opts.layout,
+                   device=str(ok.device), kv_cache_dtype=opts.kv_cache_dtype, max_shard_size=str(opts.max_shard_size),
+                   memory_budget=str(opts.memory_budget), scale_search=(opts.scale_search or "none").lower(),
+                   algo_for=list(opts.algo_for), kernels=ok.kernels)
     if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
         options["calibration"] = plan.act_scales.digest()
-    if ray_device:
-        options["device"] = f"{ray_device} (ray tasks)"
-    if format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
-        options["format"] = format
-    if dry_run:
-        print(plan.to_text(), flush=True)
-        raise_problems(plan)
-        doc = run_report(plan, options, None, timings, None, status="dry-run")
-        if report:
-            write_json(report, doc)
-        return ConvertResult(plan, None, doc)
+    if ok.ray_device:
+        options["device"] = f"{ok.ray_device} (ray tasks)"
+    if ok.format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
+        options["format"] = ok.format
+    return options
+
+
+def _dry_run(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> ConvertResult:
+    print(plan.to_text(), flush=True)
+    raise_problems(plan)
+    doc = run_report(plan, options, None, timings, None, status="dry-run")
+    if opts.report:
+        write_json(opts.report, doc)
+    return ConvertResult(plan, None, doc)
+
+
+def _validate(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> None:
+    """Refuse a plan with problems (all at once, nothing read yet); the report says why."""
     try:
         raise_problems(plan)
     except QuantizeError as exc:
-        if report:
-            write_json(report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
+        if opts.report:
+            write_json(opts.report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
         raise
-    source_id = plan.source.root or plan.source.label  # before --low-disk points root at its scratch folder
-    if finished:
-        return _already_complete(plan, dst, options, source_id, report, timings, con)
-    for w in plan.warnings:
-        con.warn(w)
-    dest = Destination(dst, src_root=plan.source.root or None, overwrite=overwrite)  # type: ignore[arg-type]
+
+
+def _write(opts: ConvertOptions, ok: Checked, plan: Plan, options: dict, timings: dict, t0: float, con: Console):
+    """Execute into DST's work folder, --verify it, write the card and publish DST (atomically).
+
+    Returns ``(destination, run stats, verify result or None)``. On failure DST never appears:
+    resumable failures keep the work folder, others remove it.
+    """
+    source_id = plan.source.root or plan.source.label
+    dest = Destination(opts.dst, src_root=plan.source.root or None, overwrite=opts.overwrite)  # type: ignore[arg-type]
     stats = None
     try:
-        if executor == "ray":
-            stats = _ray().execute(plan, dest, ray_device, budget, resume, bool(report), con, kv_cache_dtype, options,
-                                   on_hub and (src, revision, low_disk), ray_address)
+        if opts.executor == "ray":
+            stats = _ray().execute(plan, dest, ok.ray_device, ok.budget, opts.resume, bool(opts.report), con, opts.kv_cache_dtype,
+                                   options, ok.on_hub and (opts.src, opts.revision, opts.low_disk), opts.ray_address)
         else:
-            stats = _execute(plan, dest, dev, budget, resume, bool(report), con, kv_cache_dtype, options,
-                             low_disk and (src, plan.source.revision), source_id)
+            stats = _execute(plan, dest, ok.device, ok.budget, opts.resume, bool(opts.report), con, opts.kv_cache_dtype, options,
+                             opts.low_disk and (opts.src, plan.source.revision), source_id)
         for w in getattr(stats, "warnings", ()):
             con.warn(w)
-        if getattr(stats, "peak_inflight", 0) > budget:  # a single unit of work (one tensor's rows, one expert) is larger
-            con.warn(f"--memory-budget {memory_budget}: {human_bytes(stats.peak_inflight)} were in flight at the peak (the "
+        if getattr(stats, "peak_inflight", 0) > ok.budget:  # a single unit of work (one tensor's rows, one expert) is larger
+            con.warn(f"--memory-budget {opts.memory_budget}: {human_bytes(stats.peak_inflight)} were in flight at the peak (the "
                      f"smallest units of work are larger than the budget); give at least that much to stay within it")
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
         verified = None
-        if verify:
+        if opts.verify:
             # --low-disk dropped every source shard: compare with the source only when it is on disk
-            verified = _verify_before_publishing(dest, None if low_disk or (executor == "ray" and on_hub) else src, con)
+            on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))
+            verified = _verify_before_publishing(dest, opts.src if on_disk else None, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         from .card import write_conversion_card  # README.md: how this output was made
 
-        write_conversion_card(plan, dest.partial, verified, src, dst, push_to_hub, dict(
-            exclude=exclude, recipe=recipe, layout=layout, device=device, kv_cache_dtype=kv_cache_dtype, max_shard_size=max_shard_size,
-            memory_budget=memory_budget, revision=revision, verify=verify, low_disk=low_disk, private=private, revision_out=revision_out))
+        card = {k: getattr(opts, k) for k in ("exclude", "recipe", "layout", "device", "kv_cache_dtype", "max_shard_size",
+                                              "memory_budget", "revision", "verify", "low_disk", "private", "revision_out")}
+        write_conversion_card(plan, dest.partial, verified, opts.src, opts.dst, opts.push_to_hub, card)
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
     except QuantizeError as exc:
         # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
         _keep_for_resume(dest, con, exc) if isinstance(exc, DestinationError) or getattr(exc, "resumable", False) else dest.discard()
-        if report:
-            write_json(report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
+        if opts.report:
+            write_json(opts.report, run_report(plan, options, stats, timings, None, status="error", error=exc.message))
         raise
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
         _keep_for_resume(dest, con)
@@ -377,6 +427,12 @@ def convert(
     except BaseException:
         dest.discard()
         raise
+    return dest, stats, verified
+
+
+def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, stats, verified, timings: dict,
+            con: Console) -> ConvertResult:
+    """The report, --push-to-hub (only now: DST is complete and verified) and the closing line."""
     doc = run_report(plan, options, stats, timings, dest.dst)
     if verified is not None:  # --verify's outcome, as the card states it
         from .card import verify_summary
@@ -384,13 +440,13 @@ def convert(
         doc["verify"] = verify_summary(verified, lambda _m: plan.scheme.algo)
     if getattr(stats, "ray", None):
         doc["ray"] = stats.ray
-    if report:
-        write_json(report, doc)
+    if opts.report:
+        write_json(opts.report, doc)
     pushed = None
-    if push_to_hub:  # only now: the conversion (and --verify) succeeded and DST is complete
+    if opts.push_to_hub:
         from .publish import push_after_convert
 
-        pushed = push_after_convert(dest.dst, push_to_hub, private, revision_out, quiet, doc, report)
+        pushed = push_after_convert(dest.dst, opts.push_to_hub, opts.private, opts.revision_out, opts.quiet, doc, opts.report)
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
     con.info(f"wrote {dest.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
@@ -469,16 +525,11 @@ def _verify_before_publishing(dest: Destination, src: str | None, con: Console):
     return res
 
 
-def _quantize_fn(dev: torch.device, con: Console):
-    """The Triton kernels on a GPU (bit-identical to the references), the torch reference otherwise."""
-    if dev.type != "cuda":
-        return None
-    from . import kernels
+def _quantize_fn(dev: torch.device, con: Console, kernels: str = "auto", ct_format: bool = False):
+    """--kernels: the Triton kernels (bit-identical to the references) or None, the torch reference (kernel_choice.py)."""
+    from .kernel_choice import quantize_fn
 
-    if kernels.can_run(dev):
-        return kernels.quantize
-    con.warn("Triton is unavailable: quantizing with the torch reference on the GPU (same bytes, slower)")
-    return None
+    return quantize_fn(kernels, dev, con.warn, ct_format)
 
 
 def _ray():
@@ -505,10 +556,9 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     journal = executor = None
     try:  # a failure anywhere leaves no open shard file behind (library callers keep running)
         fp = journal_mod.fingerprint(plan, options)
-        executor = Executor(plan, writer, dev, **executor_sizes(budget), quantize_fn=None if is_ct(plan.scheme) else _quantize_fn(dev, con), measure_error=measure)
         if earlier:
             writer.open(fresh=False)
-            done, journal = journal_mod.resume(dest.partial, fp, plan, executor.task_outputs, writer)
+            done, journal = journal_mod.resume(dest.partial, fp, plan, Executor.task_outputs, writer)
             skipped = sum(plan.tasks[i].bytes_in for i in done)
             con.info(f"resuming {dest.dst}: {len(done)} of {len(plan.tasks)} tasks verified complete ({human_bytes(skipped)} of input)")
         else:
@@ -517,15 +567,20 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
             journal = journal_mod.start(dest.partial, fp)
             writer.open(fresh=True)
             done = set()
+        sizes, resolver = executor_sizes(budget), None
         if hub:  # --low-disk: sidecars now, each source shard only while it is being read
             from .checkpoint.hub import LazyShards, hub_sidecars
+            from .schedule import Schedule
 
             side = dest.path(".source-sidecars")
-            plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
-            reads = [r for i, t in enumerate(plan.tasks) if i not in done for r in executor.reads(t)]
-            executor.resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
+            source = replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side))
+            plan = replace(plan, source=source)  # a new plan: the caller's stays as planned
+            reads = Schedule(plan, **sizes).reads(t for i, t in enumerate(plan.tasks) if i not in done)
+            resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
         bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
-        executor.done, executor.on_task_written, executor.progress = done, journal.append, bar.update
+        executor = Executor(plan, writer, dev, **sizes, quantize_fn=_quantize_fn(dev, con, options.get("kernels", "auto"), is_ct(plan.scheme)),
+                            measure_error=measure, progress=bar.update, done=done, on_task_written=journal.append, resolver=resolver,
+                            process_budget=budget)
         try:
             stats = executor.run()
         finally:
@@ -550,7 +605,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     for scratch in (".source-sidecars", ".source-shards"):
         shutil.rmtree(dest.path(scratch), ignore_errors=True)
     if hub:
-        con.info(f"--low-disk: at most {executor.resolver.peak_files} source shard(s) were on disk at once")
+        con.info(f"--low-disk: at most {resolver.peak_files} source shard(s) were on disk at once")
     return stats
 
 

@@ -112,6 +112,8 @@ def main():
 @click.option("--format", "format", type=FORMAT, default="modelopt", show_default=True, help="Output format (docs/formats.md).")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
               help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
+@click.option("--kernels", type=click.Choice(["auto", "triton", "torch"], case_sensitive=False), default="auto", show_default=True,
+              help="auto: Triton on a GPU, the torch reference on the CPU; torch: the reference everywhere; triton: require Triton.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
@@ -120,9 +122,10 @@ def convert(src, dst, quiet, debug, **options):
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
-        from .api import convert as run
+        from .api import run
+        from .options import ConvertOptions
 
-        return run(src, dst, quiet=quiet, **options)
+        return run(ConvertOptions(src=src, dst=dst, quiet=quiet, **options))
 
     _run(debug, go)
     _fast_exit()

@@ -70,6 +70,12 @@ class ByteBudget:
             self.used -= n
             self._cond.notify_all()
 
+    def set_limit(self, limit: int) -> None:
+        """A new limit from now on (bytes already in flight stay granted)."""
+        with self._cond:
+            self.limit = max(1, limit)
+            self._cond.notify_all()
+
 
 @dataclass(frozen=True)
 class Read:
@@ -144,6 +150,41 @@ class Prefetcher:
                 self._q.get(timeout=0.05)
             except queue.Empty:
                 pass
+
+
+class ReadStage:
+    """The read stage: performs the schedule's reads in order and hands each one's data over.
+
+    With `overlap` a :class:`Prefetcher` reads ahead on its own thread, else each read happens
+    when the compute asks for it; either way `budget` counts the bytes read and not yet released.
+    Data for a device other than the CPU is moved there (asynchronously from pinned memory).
+    """
+
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
+                 device: torch.device, overlap: bool = True, timers: Timers | None = None):
+        self.budget = budget
+        self.loader = loader
+        self.device = device
+        self._prefetch = Prefetcher(requests, budget, loader, timers) if overlap else None
+
+    def fetch(self, req: Read) -> torch.Tensor:
+        """The data of the next planned read, `req`."""
+        if self._prefetch is not None:
+            data = self._prefetch.get(req)
+        else:
+            self.budget.acquire(req.nbytes)
+            data = self.loader(req)
+        if not req.raw and self.device.type != "cpu":
+            data = data.to(self.device, non_blocking=True)
+        return data
+
+    def release(self, req: Read) -> None:
+        """`req`'s data is consumed: its bytes no longer count against the budget."""
+        self.budget.release(req.nbytes)
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
 
 
 class AsyncWriter:

@@ -76,8 +76,11 @@ class OutTensor:
     offset: int = -1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """What a conversion will do, decided before any tensor is read. Frozen: execution never
+    changes it (a resolved Hub source is a new plan, ``dataclasses.replace``)."""
+
     source: Source
     scheme: Scheme
     recipe: Recipe

@@ -134,7 +134,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         "exclude_modules": plan.exclude_modules,
         "fused_groups": plan.groups,
         "bytes": {"in": plan.bytes_in, "out": plan.bytes_out, "shards": len(plan.shard_names),
-                  "peak_in_flight": getattr(stats, "peak_inflight", None)},
+                  "peak_in_flight": getattr(stats, "peak_inflight", None), "baseline_rss": getattr(stats, "baseline_rss", None) or None},
         "timings_s": timings,
         "input_gb_per_s": (plan.bytes_in / 1e9 / total) if total else None,
         "error_summary": summary,

@@ -79,18 +79,18 @@ def test_plan_problems_exit_1_with_every_offender(make_checkpoint, tmp_path):
 
 
 def test_failure_mid_run_leaves_no_finished_looking_destination(tiny_llama, tmp_path, monkeypatch):
-    import quantize_cli.execute as ex
+    import quantize_cli.compute as compute
 
     calls = {"n": 0}
-    real = ex.Executor._quantize
+    real = compute.ComputeStage.run_task
 
-    def boom(self, task):
+    def boom(self, task, steps):
         calls["n"] += 1
         if calls["n"] == 5:
             raise OSError(28, "No space left on device")
-        return real(self, task)
+        return real(self, task, steps)
 
-    monkeypatch.setattr(ex.Executor, "_quantize", boom)
+    monkeypatch.setattr(compute.ComputeStage, "run_task", boom)
     r = invoke("convert", tiny_llama, "-o", tmp_path / "out", "--algo", "FP8")
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert not os.path.exists(tmp_path / "out")

@@ -30,9 +30,9 @@ HUB_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Source:
-    """A resolved source checkpoint: where it is, its config, tensors and sidecar files."""
+    """A resolved source checkpoint: where it is, its config, tensors and sidecar files (frozen)."""
 
     label: str
     root: str

@@ -59,7 +59,7 @@ def execute(plan, dest, device: str, budget: int, resume: bool, measure: bool, c
     from ..api import _write_metadata, executor_sizes
     from ..checkpoint.writer import write_index
 
-    stats = run_on_ray(plan, dest, device, budget, resume, measure, con, options, hub, address, executor_sizes(budget))
+    stats, plan = run_on_ray(plan, dest, device, budget, resume, measure, con, options, hub, address, executor_sizes(budget))
     try:
         if len(plan.shard_names) > 1:
             write_index(dest.partial, plan.outputs, plan.shard_names)
@@ -171,11 +171,12 @@ def _first(exc: BaseException) -> str:
 
 
 def run_on_ray(plan, dest, device: str, budget: int, resume: bool, measure: bool, con, options: dict, hub=None,
-               address: str | None = None, sizes: dict | None = None) -> RunStats:
+               address: str | None = None, sizes: dict | None = None) -> tuple[RunStats, object]:
     """Convert `plan` into ``dest.partial`` with Ray tasks; the caller writes the metadata and commits.
 
     `hub`: ``(repo_id, revision, low_disk)`` when SRC is a Hub repo id (planned from its headers).
-    Returns merged :class:`RunStats` with a ``ray`` attribute for the report.
+    Returns merged :class:`RunStats` with a ``ray`` attribute for the report, and the plan whose
+    source names the sidecar files fetched from the Hub (a new plan; `plan` is never changed).
     """
     from .. import resume as journal_mod
 
@@ -191,10 +192,11 @@ def run_on_ray(plan, dest, device: str, budget: int, resume: bool, measure: bool
                 con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
             journal_mod.start(dest.partial, fp).close()
         if hub:
-            _hub_sidecars(plan, dest, hub)
+            plan = _hub_sidecars(plan, dest, hub)
         nodes = _probe(ray, plan, dest.partial, hub)
         units = partition(plan)
-        ctx = ray_tasks.UnitContext(dest.partial, device, budget, measure, hub, executor_sizes=sizes or {})
+        ctx = ray_tasks.UnitContext(dest.partial, device, budget, measure, hub, executor_sizes=sizes or {},
+                                    kernels=options.get("kernels", "auto"))
         results = _run_units(ray, plan, units, ctx, journaled, dest.partial, con)
         _check_shards(plan, dest.partial, results)
     finally:
@@ -205,7 +207,7 @@ def run_on_ray(plan, dest, device: str, budget: int, resume: bool, measure: bool
                  "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
                             | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
                             for _, r in sorted(results.items())]}
-    return stats
+    return stats, plan
 
 
 def _pick_device(ray, device: str) -> str:
@@ -243,12 +245,15 @@ def _read_journal(folder: str, fp: str) -> dict[int, str]:
     return done
 
 
-def _hub_sidecars(plan, dest, hub) -> None:
-    """The small non-weight files of a Hub source, fetched by the driver (it writes the configs)."""
+def _hub_sidecars(plan, dest, hub):
+    """The small non-weight files of a Hub source, fetched by the driver (it writes the configs):
+    a new plan whose source is rooted where they are."""
+    from dataclasses import replace
+
     from ..checkpoint.hub import hub_sidecars
 
     side = dest.path(".source-sidecars")
-    plan.source.root, plan.source.sidecars = side, hub_sidecars(hub[0], hub[1], side)
+    return replace(plan, source=replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side)))
 
 
 def _probe(ray, plan, folder: str, hub) -> list[str]:

@@ -2,8 +2,8 @@
 
 Each function is plain Python taking plain data (the plan, a :class:`~.partition.ShardUnit`), so
 tests can call them directly; ``ray_executor`` wraps them with ``ray.remote`` on the driver. A
-shard unit reuses the local pieces whole: :class:`~quantize_cli.execute.Executor` (read-ahead,
-quantize, write-behind, NaN checks), :class:`~quantize_cli.checkpoint.writer.ShardWriter`
+shard unit reuses the local pieces whole: :class:`~quantize_cli.execute.Executor` (its read, compute and write
+stages; the driver's amax for groups split across shards), :class:`~quantize_cli.checkpoint.writer.ShardWriter`
 (header first, writes at planned offsets) and the resume CRCs of :mod:`quantize_cli.resume`.
 """
 
@@ -24,6 +24,7 @@ from ..checkpoint.safetensors_io import TensorInfo
 from ..checkpoint.writer import ShardWriter, shard_header
 from ..errors import DestinationError, SourceError
 from ..execute import Executor, raise_non_finite, read_rows
+from ..schedule import Schedule
 from ..resume import _crc_on_disk
 from .partition import ShardUnit
 
@@ -50,6 +51,7 @@ class UnitContext:
     hub: tuple | None = None
     progress: object = None
     executor_sizes: dict = field(default_factory=dict)
+    kernels: str = "auto"  # --kernels (kernel_choice.py)
 
 
 def node_identity() -> dict:
@@ -159,23 +161,6 @@ def group_amax(infos: list[TensorInfo], hub=None) -> torch.Tensor:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class UnitExecutor(Executor):
-    """The local executor, with the shared amax of split groups supplied by the driver.
-
-    `fixed_amax`: member module -> 0-d fp32 amax of its whole group. The members' own amaxes are
-    still computed (and checked for NaN); the group's value is the driver's.
-    """
-
-    def __init__(self, *args, fixed_amax: dict[str, torch.Tensor] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fixed_amax = fixed_amax or {}
-
-    def _group_amax(self, amaxes, members):
-        gamax = super()._group_amax(amaxes, members)
-        fixed = self.fixed_amax.get(members[0].module)
-        return gamax if fixed is None else fixed.to(self.device)
-
-
 def unit_crc(parts: dict[int, str]) -> str:
     """One digest for a shard: over its tasks' digests (each as :class:`~quantize_cli.pipeline.AsyncWriter` computes it)."""
     from .. import checksum
@@ -270,16 +255,21 @@ def run_unit(plan, unit: ShardUnit, ctx: UnitContext, expected_crc: str | None =
 
 def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext):
     from ..api import _quantize_fn, Console
+    from ..formats.exclusions import is_ct
 
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")
     writer = ShardWriter(ctx.folder, plan.outputs, plan.shard_names, only={unit.shard})
     fixed = {m.module: amaxes[i] for i, t in unit.tasks if i in amaxes for m in t.members}
     parts: dict[int, str] = {}
     progress = _Progress(ctx.progress, unit.shard)
-    executor = UnitExecutor(replace(plan, tasks=[t for _, t in unit.tasks]), writer, device, **ctx.executor_sizes,
-                            quantize_fn=_quantize_fn(device, Console(quiet=True)), measure_error=ctx.measure,
-                            progress=progress, on_task_written=parts.__setitem__, fixed_amax=fixed)
-    executor.resolver, scratch = _resolver(ctx.hub, [r for _, t in unit.tasks for r in executor.reads(t)])
+    unit_plan = replace(plan, tasks=[t for _, t in unit.tasks])
+    sizes = ctx.executor_sizes
+    reads = Schedule(unit_plan, **sizes).reads(unit_plan.tasks)
+    resolver, scratch = _resolver(ctx.hub, reads)
+    # The local executor's stages, with the shared amax of split groups supplied by the driver.
+    executor = Executor(unit_plan, writer, device, **sizes, quantize_fn=_quantize_fn(device, Console(quiet=True), ctx.kernels, is_ct(plan.scheme)),
+                        measure_error=ctx.measure, progress=progress, on_task_written=parts.__setitem__,
+                        resolver=resolver, fixed_amax=fixed)
     writer.open(fresh=True)
     try:
         stats = executor.run()
@@ -292,4 +282,4 @@ def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext):
     return stats, unit_crc(parts)
 
 
-__all__ = ["UnitContext", "probe", "group_amax", "run_unit", "crc_on_disk", "unit_crc", "shard_size", "UnitExecutor"]
+__all__ = ["UnitContext", "probe", "group_amax", "run_unit", "crc_on_disk", "unit_crc", "shard_size"]

@@ -1,0 +1,50 @@
+"""--memory-budget counts the whole process, not only the bytes in flight.
+
+A converting process holds a fixed baseline before it moves a byte: torch and its libraries, and
+on a GPU the CUDA context, the Triton kernels and their host-side caches (about 2.4 GB on the GPU
+machine, see docs/performance.md "Memory"). The executor's byte budgets bound only what is in
+flight, so the peak RSS was baseline + budget. Here the baseline is measured once the device is
+warm and taken off the budget: in flight = budget - baseline, never under a floor (a budget
+smaller than the baseline cannot be met; the run says so and goes on with the floor).
+"""
+
+from __future__ import annotations
+
+import os
+
+MIN_INFLIGHT = 256 << 20  # in-flight floor: below it reads and writes stop overlapping usefully
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def warm_baseline(device) -> int:
+    """RSS once `device` is ready to compute: on CUDA the context is created first (waiting for
+    the start-up thread of ``api._warm_device`` if it is still at it), so that it counts."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.empty(1, device=device)
+        torch.cuda.synchronize(device)
+    return rss_bytes()
+
+
+def inflight_limit(budget: int, baseline: int, flag_value: str | int = "") -> tuple[int, str | None]:
+    """``(bytes allowed in flight, warning or None)`` for --memory-budget `budget` and a process
+    `baseline` RSS. The floor is MIN_INFLIGHT or a quarter of the budget, whichever is smaller."""
+    floor = min(MIN_INFLIGHT, max(1, budget // 4))
+    limit = budget - baseline
+    if limit >= floor:
+        return limit, None
+    return floor, (f"--memory-budget {flag_value or budget}: this process already holds {baseline / 1e9:.2f} GB before reading "
+                   f"(torch{', CUDA' if baseline > 1e9 else ''}); {floor / 1e9:.2f} GB more will be in flight, so peak memory is "
+                   f"about {(baseline + floor) / 1e9:.1f} GB; give a budget above {(baseline + floor) / 1e9:.1f} GB to stay within it")
+
+
+__all__ = ["rss_bytes", "warm_baseline", "inflight_limit", "MIN_INFLIGHT"]

@@ -1,0 +1,59 @@
+"""--memory-budget counts the process's own memory: in flight = budget - baseline RSS, with a floor."""
+
+import json
+
+import torch
+
+from quantize_cli.host_memory import MIN_INFLIGHT, inflight_limit, rss_bytes, warm_baseline
+
+
+def test_the_baseline_comes_off_the_budget_down_to_a_floor():
+    gb = 1 << 30
+    assert inflight_limit(4 * gb, int(2.4 * gb)) == (4 * gb - int(2.4 * gb), None)
+    limit, warning = inflight_limit(2 * gb, int(2.4 * gb), "2GB")
+    assert limit == MIN_INFLIGHT and "--memory-budget 2GB" in warning and "give a budget above" in warning
+    assert inflight_limit(1 << 20, 300 << 20)[0] == (1 << 20) // 4  # a tiny budget: a quarter of it, never more
+
+
+def test_rss_is_measured():
+    rss = rss_bytes()
+    assert 50 << 20 < rss < 64 << 30  # torch is imported: tens of MB at least
+    assert warm_baseline(torch.device("cpu")) > 0
+
+
+def _run(plan, folder, monkeypatch, baseline, **kw):
+    import quantize_cli.execute as ex
+    from quantize_cli.checkpoint.writer import ShardWriter
+
+    monkeypatch.setattr(ex, "warm_baseline", lambda device: baseline)
+    monkeypatch.setattr(ex, "rss_bytes", lambda: baseline)
+    folder.mkdir()
+    w = ShardWriter(str(folder), plan.outputs, plan.shard_names)
+    w.open()
+    stats = ex.Executor(plan, w, torch.device("cpu"), chunk_bytes=64 << 10, hold_bytes=64 << 10, **kw).run()
+    w.close()
+    return stats
+
+
+def test_the_executor_keeps_budget_minus_baseline_in_flight(tiny_llama, tmp_path, monkeypatch):
+    from quantize_cli.api import prepare
+    from tests.conftest import output_files
+
+    plan = prepare(tiny_llama, "NVFP4")
+    mb = 1 << 20
+    alone = _run(plan, tmp_path / "a", monkeypatch, 3 * mb, budget_bytes=4 * mb)  # the budget counts only what is in flight
+    counted = _run(plan, tmp_path / "b", monkeypatch, 3 * mb, budget_bytes=4 * mb, process_budget=4 * mb)
+    assert alone.peak_inflight > 2 * mb and not alone.warnings and alone.baseline_rss == 0
+    # the reads already in flight when the device was warm are not baseline (here the RSS is a constant 3 MB)
+    assert 2 * mb < counted.baseline_rss <= 3 * mb and not counted.warnings
+    assert counted.peak_inflight <= 4 * mb - counted.baseline_rss + (256 << 10) < alone.peak_inflight
+    over = _run(plan, tmp_path / "c", monkeypatch, 10 * mb, budget_bytes=4 * mb, process_budget=4 * mb)
+    assert over.peak_inflight <= mb + (256 << 10) and "already holds" in over.warnings[0]  # the floor: a quarter
+    assert output_files(tmp_path / "a") == output_files(tmp_path / "b") == output_files(tmp_path / "c")
+
+
+def test_the_report_records_the_baseline(tiny_llama, tmp_path):
+    from quantize_cli.api import convert
+
+    convert(tiny_llama, str(tmp_path / "o"), algo="FP8", device="cpu", quiet=True, report=str(tmp_path / "r.json"))
+    assert json.load(open(tmp_path / "r.json"))["bytes"]["baseline_rss"] > 50 << 20
