@@ -15,7 +15,7 @@ exponent by another rule. For a weight ``w`` of dtype ``dt`` and a 32-element gr
 
 The only difference from ModelOpt's ``ceil(log2(amax / 448))`` on normal bf16 data is a group
 whose amax is exactly ``1.75 * 2^e``: compressed-tensors rounds up, ModelOpt keeps ``2^(e-8)``
-(tests/formats/test_ct_mxfp8.py). Pure torch on any device (no transcendental calls).
+(tests/test_ct_mxfp8.py). Pure torch on any device (no transcendental calls).
 """
 
 from __future__ import annotations
@@ -34,23 +34,28 @@ MX_ELEM_OFFSET = 8  # floor(log2(448)): the group max lands in [256, 448)
 _BITS = {torch.bfloat16: (torch.int16, 7, 8), torch.float16: (torch.int16, 10, 5), torch.float32: (torch.int32, 23, 8)}
 
 
-def round_to_power_of_two(amax: torch.Tensor) -> torch.Tensor:
-    """compressed-tensors' power-of-two rounding of non-negative `amax` on its own bits (same dtype)."""
+def power_of_two_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' power-of-two rounding of non-negative `amax`, done on its own bits, as
+    the biased exponent field ``E`` of the result (int64): ``p = 2^(E - bias)``, ``E == 0`` is p == 0.
+
+    Reading ``E`` instead of forming ``p`` keeps a rounding that overflows the dtype finite:
+    compressed-tensors forms ``p = inf`` there (an fp16 amax >= 57344; a bf16 one >= 3e38) and
+    ends with byte 127 over an all-zero group (its cast of ``log2(inf)`` to int32); we write the
+    power of two it meant. That is the one place our bytes differ on purpose (docs/formats.md)."""
     view, mant, expo = _BITS[amax.dtype]
-    bits = amax.view(view).to(torch.int64)  # >= 0: the sign bit is clear, so the int16 view is positive
-    rounded = (bits + (1 << (mant - 2))) & (((1 << (expo + 1)) - 1) << mant)
-    return rounded.to(view).view(amax.dtype)
+    bits = amax.view(view).to(torch.int64) & ((1 << (1 + expo + mant)) - 1)  # the int16 view: a positive value
+    return ((bits + (1 << (mant - 2))) >> mant) & ((1 << (expo + 1)) - 1)
 
 
 def ct_mx_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 bytes as stored, the scale in amax's dtype that divides the weight) per group.
 
-    `amax`: ``[N, K/32]`` in the weight's dtype. ``log2`` of the power of two `p` is read off
-    ``frexp`` (exact); p == 0 gives -inf in compressed-tensors, clamped to byte 0 as here."""
-    p = round_to_power_of_two(amax).float()
-    mantissa, exponent = torch.frexp(p)  # p = 0.5 * 2^exponent for a power of two
-    log2p = (exponent - 1).float()
-    byte = torch.where(p > 0, log2p + (E8M0_BIAS - MX_ELEM_OFFSET), torch.zeros_like(log2p)).clamp(0, 255)
+    `amax`: ``[N, K/32]`` in the weight's dtype. p == 0 (a zero group, or a sub-normal amax
+    that rounds to no exponent) is log2 = -inf in compressed-tensors, clamped to byte 0 as here."""
+    _, mant, expo = _BITS[amax.dtype]
+    field = power_of_two_exponent(amax)
+    log2p = (field - ((1 << (expo - 1)) - 1)).float()
+    byte = torch.where(field > 0, log2p + (E8M0_BIAS - MX_ELEM_OFFSET), torch.zeros_like(log2p)).clamp(0, 255)
     scale = pow2(byte.to(torch.int32) - E8M0_BIAS).to(amax.dtype)
     scale = torch.where(scale == 0, _t(1.0, scale), scale)  # an fp16 scale below 2^-24 underflowed
     stored = torch.where(scale == 1.0, torch.full_like(byte, E8M0_BIAS), byte)  # the byte of the scale used

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..classify import LINEAR, ROUTER
 from .exclusions import ct_is_ignored, is_ct
 
-# algo -> (Linear scheme, static input scale?, MoE method)
+# algo -> (Linear scheme, static input scale? (None: the scheme has no such flag), MoE method)
 VLLM_CT = {
     "FP8": ("CompressedTensorsW8A8Fp8", True, "CompressedTensorsW8A8Fp8MoEMethod"),
     "FP8_PER_CHANNEL_PER_TOKEN": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
@@ -20,7 +20,7 @@ VLLM_CT = {
     "NVFP4": ("CompressedTensorsW4A4Fp4", True, "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "W4A16_NVFP4": ("CompressedTensorsW4A4Fp4", False, "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "INT8": ("CompressedTensorsW8A8Int8", False, "CompressedTensorsW8A8Int8MoEMethod"),
-    "MXFP8": ("CompressedTensorsW8A8Mxfp8", False, "CompressedTensorsW8A8Mxfp8MoEMethod"),
+    "MXFP8": ("CompressedTensorsW8A8Mxfp8", None, "CompressedTensorsW8A8Mxfp8MoEMethod"),  # no static-input flag
 }
 
 
@@ -46,5 +46,5 @@ def vllm_schemes(plan) -> dict[str, str]:
         if prefix.endswith("experts") and prefix != m.name:
             out[prefix] = "UnquantizedFusedMoEMethod" if ignored else moe
         else:
-            out[prefix] = "unquantized" if ignored else f"{linear}(static_input={static})"
+            out[prefix] = "unquantized" if ignored else linear if static is None else f"{linear}(static_input={static})"
     return out

@@ -64,6 +64,41 @@ def edge_tensors() -> dict:
     }
 
 
+def mx_edge_tensors() -> dict:
+    """MXFP8 exponent edge cases, one 32-group each (row 0 of each weight), in bf16 / fp16 / fp32:
+    a zero group, an amax of exactly 1.75 * 2^e (compressed-tensors rounds up, ModelOpt does not),
+    just below it, sub-normal amaxes, fp16 amaxes whose scale underflows fp16 (becomes 1.0), and
+    values far apart inside one group."""
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    cases = {
+        torch.bfloat16: [0.0, 0.0546875, 0.0544, 1e-38, 3e-39, 1e30, 448.0 * 4],
+        torch.float16: [0.0, 0.0546875, 1e-6, 3e-5, 60000.0, 1.75],
+        torch.float32: [0.0, 1.75 * 2.0**-20, 1e-40, 1e-30, 3e35, 0.0546875 * (1 + 2**-23)],
+    }
+    for i, (dtype, amaxes) in enumerate(cases.items()):
+        w = torch.randn(64, 32 * len(amaxes) + 64, generator=g) * 0.02
+        for j, a in enumerate(amaxes):
+            grp = torch.rand(32, generator=g) * 2 - 1
+            grp = grp / grp.abs().max() * a if a else grp * 0
+            grp[5] = -a  # the amax itself, negative
+            w[0, 32 * j: 32 * (j + 1)] = grp
+        w[1, :32] = -0.0
+        w[2, :32] = torch.tensor([1e-3] * 31 + [100.0])
+        out[f"model.layers.0.mlp.mx{i}_proj.weight"] = w.to(dtype)
+    out["lm_head.weight"] = (torch.randn(64, 128, generator=g) * 0.02).to(torch.bfloat16)
+    return out
+
+
+def write_mx_edge(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    save_file(mx_edge_tensors(), os.path.join(folder, "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 64}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
 def write_edge(folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     save_file(edge_tensors(), os.path.join(folder, "model.safetensors"))
@@ -149,6 +184,10 @@ def main() -> None:
         # contiguous and safetensors refuses to save it): that weight is ignored for FP8_BLOCK.
         extra = ("model.layers.0.mlp.down_proj",) if preset == "FP8_BLOCK" else ()
         run(edge, os.path.join(HERE, f"edge-{preset}"), preset, ("lm_head",) + extra)
+    if "MXFP8" in wanted:
+        mx_edge = os.path.join(HERE, "mx-edge")
+        write_mx_edge(mx_edge)
+        run(mx_edge, os.path.join(HERE, "mx-edge-MXFP8"), "MXFP8")
     if "mixed" in wanted:
         run_mixed()
     import compressed_tensors
