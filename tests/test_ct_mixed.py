@@ -230,3 +230,19 @@ def test_cli(tiny_llama, tmp_path):
     r = CliRunner().invoke(main, ["convert", str(tiny_llama), "-o", str(tmp_path / "p"), "--algo", "NVFP4", "--format",
                                   "compressed-tensors", "--algo-for", "q_proj=MXFP8"])
     assert r.exit_code != 0 and "q_proj" in r.output and not (tmp_path / "p").exists()
+
+
+def test_calibrated_static_scales_follow_each_modules_algorithm(tmp_path):
+    """FP8 attention (input_scale) in an NVFP4 model (input_global_scale), from one calibration run:
+    each part equals its calibrated single-algorithm conversion."""
+    from quantize_cli.api import calibrate
+
+    scales = str(tmp_path / "scales.json")
+    calibrate(TINY, calib_data=os.path.join(GOLDEN, "checkpoints", "calibration.jsonl"), output=scales, device="cpu", quiet=True)
+    run(TINY, tmp_path / "mix", "NVFP4", algo_for=["self_attn*=FP8"], act_scales=scales)
+    run(TINY, tmp_path / "fp8", "FP8", act_scales=scales)
+    run(TINY, tmp_path / "nv", "NVFP4", act_scales=scales)
+    mix, fp8, nv = load_all(tmp_path / "mix"), load_all(tmp_path / "fp8"), load_all(tmp_path / "nv")
+    for name, t in mix.items():
+        assert_same_bytes(t, (fp8 if ".self_attn." in name else nv)[name], name)
+    assert sum(n.endswith("input_scale") for n in mix) == 8 and sum(n.endswith("input_global_scale") for n in mix) == 6
