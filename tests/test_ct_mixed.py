@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -246,3 +247,19 @@ def test_calibrated_static_scales_follow_each_modules_algorithm(tmp_path):
     for name, t in mix.items():
         assert_same_bytes(t, (fp8 if ".self_attn." in name else nv)[name], name)
     assert sum(n.endswith("input_scale") for n in mix) == 8 and sum(n.endswith("input_global_scale") for n in mix) == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_conversion_equals_cpu(moe_src, tmp_path):
+    """A mixed compressed-tensors conversion on the GPU (torch references there) writes the CPU's bytes."""
+    for src, algo, rule in ((TINY, "MXFP8", "self_attn*=NVFP4"), (moe_src, "FP8_PB_WO", "*experts*=MXFP8")):
+        convert(str(src), str(tmp_path / "gpu"), algo=algo, algo_for=[rule], format="compressed-tensors", device="cuda", quiet=True)
+        convert(str(src), str(tmp_path / "cpu"), algo=algo, algo_for=[rule], format="compressed-tensors", device="cpu", quiet=True)
+        gpu, cpu = load_all(tmp_path / "gpu"), load_all(tmp_path / "cpu")
+        assert set(gpu) == set(cpu)
+        for name in cpu:
+            assert_same_bytes(gpu[name], cpu[name], name)
+        assert open(tmp_path / "gpu" / "config.json").read() == open(tmp_path / "cpu" / "config.json").read()
+        for d in ("gpu", "cpu"):
+            shutil.rmtree(tmp_path / d)

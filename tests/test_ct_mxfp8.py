@@ -82,7 +82,7 @@ def test_equals_modelopt_mxfp8_except_at_one_and_three_quarters():
     assert torch.equal(ct["weight"][same_rows].view(torch.uint8), mo["weight"][same_rows].view(torch.uint8))
 
 
-def test_outputs_shapes_and_refusal_of_ragged_k(tmp_path, make_checkpoint):
+def test_outputs_shapes_and_refusal_of_ragged_k():
     spec = CT_SCHEMES["MXFP8"].outputs((64, 96))
     assert spec == {"weight": ("F8_E4M3", (64, 96)), "weight_scale": ("U8", (64, 3))}
     assert "divisible by 32" in CT_SCHEMES["MXFP8"].shape_problem((64, 48))

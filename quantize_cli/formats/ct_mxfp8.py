@@ -52,7 +52,7 @@ def ct_mx_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     `amax`: ``[N, K/32]`` in the weight's dtype. p == 0 (a zero group, or a sub-normal amax
     that rounds to no exponent) is log2 = -inf in compressed-tensors, clamped to byte 0 as here."""
-    _, mant, expo = _BITS[amax.dtype]
+    expo = _BITS[amax.dtype][2]
     field = power_of_two_exponent(amax)
     log2p = (field - ((1 << (expo - 1)) - 1)).float()
     byte = torch.where(field > 0, log2p + (E8M0_BIAS - MX_ELEM_OFFSET), torch.zeros_like(log2p)).clamp(0, 255)
