@@ -117,6 +117,15 @@ def test_moe_parts_equal_converting_them_alone(moe_src, tmp_path):
     for name, t in mix.items():
         assert_same_bytes(t, (nv if ".experts." in name else fp)[name], name)
     assert any(n.endswith("experts.0.gate_proj.weight_packed") for n in mix)
+    groups = qconfig(tmp_path / "mix")["config_groups"]
+    assert groups["FP8_BLOCK"]["targets"] == ["Linear"]
+    experts = groups["NVFP4"]["targets"]  # one anchored regex per MoE layer, not 3 x E names
+    assert experts == [rf"re:model\.layers\.{i}\.mlp\.experts\.\d+\.(?:down_proj|gate_proj|up_proj)$" for i in (0, 1)]
+    targets = {g: c["targets"] for g, c in groups.items()}
+    assert group_of("model.layers.1.mlp.experts.3.up_proj", targets) == "NVFP4"
+    assert group_of("model.layers.1.mlp.experts.3.up_proj_x", targets) == "FP8_BLOCK"  # $ anchors the end
+    assert group_of("model.layers.1.mlp.shared_experts.up_proj", targets) == "FP8_BLOCK"
+    assert verify_checkpoint(str(tmp_path / "mix"), source=str(moe_src)).errors == []
 
 
 CASES = {  # bench/ct_vllm_mixed_decisions.py

@@ -90,7 +90,7 @@ def write_metadata(plan, folder: str, kv_cache_dtype: str | None) -> bool:
     from .ct_config import output_config, quantization_config
     from .ct_mixed import ct_groups
 
-    groups = ct_groups(plan.schemes, plan.scheme) if plan.mixed else None  # --algo-for: one group per algorithm
+    groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # --algo-for: one group per algorithm
     qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), kv_cache_dtype, groups)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(output_config(plan.source.config, qconfig), f, indent=2, sort_keys=True)

@@ -4,8 +4,8 @@ Where ModelOpt writes MIXED_PRECISION (mixed.py), compressed-tensors expresses t
 several ``config_groups``, one per preset, each the preset's arguments with its own ``targets``:
 
 * the ``--algo`` group targets ``["Linear"]`` (as a single-algorithm checkpoint does);
-* every other group targets the exact names of its modules (HF names: ``...q_proj``, every
-  expert's ``...experts.3.gate_proj``), sorted (as ModelOpt's mixed ``config_groups``);
+* every other group targets the exact names of its modules (HF names: ``...q_proj``), sorted
+  (as ModelOpt's mixed ``config_groups``), a MoE layer's experts as one anchored ``re:`` target;
 * the top-level ``format`` is ``mixed-precision`` when the groups' formats differ (as
   llm-compressor's ``model_free_ptq`` writes it), and ``ignore`` is the usual exact list.
 
@@ -23,13 +23,15 @@ them is refused for serving; an algorithm missing from that table is refused (mi
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 LINEAR_TARGET = "Linear"
 
 
-def ct_groups(schemes: Mapping, default) -> dict[str, list[str]]:
-    """preset -> targets for a mixed plan (`schemes`: module -> CtScheme; `default`: --algo's).
+def ct_groups(schemes: Mapping, default, modules: Mapping | None = None) -> dict[str, list[str]]:
+    """preset -> targets for a mixed plan (`schemes`: module -> CtScheme; `default`: --algo's;
+    `modules`: the plan's modules, to write a MoE layer's experts as one regex, :func:`expert_regexes`).
 
     Override groups first (in the order their first module is defined), the ``Linear`` group
     last, so that a first-match reader such as llm-compressor's gives the same assignment.
@@ -42,7 +44,30 @@ def ct_groups(schemes: Mapping, default) -> dict[str, list[str]]:
     if default.preset in by_preset:
         by_preset.pop(default.preset)
         by_preset[default.preset] = [LINEAR_TARGET]
-    return {preset: sorted(targets) for preset, targets in by_preset.items()}  # sorted, as ModelOpt's groups
+    return {preset: targets if targets == [LINEAR_TARGET] else expert_regexes(sorted(targets), modules or {})
+            for preset, targets in by_preset.items()}  # sorted, as ModelOpt's groups
+
+
+def expert_regexes(names: list[str], modules: Mapping) -> list[str]:
+    """`names` with every MoE layer whose expert Linears are all here written as one target,
+    ``re:<layer>\\.\\d+\\.(?:down_proj|gate_proj|up_proj)$`` (vLLM and compressed-tensors match
+    ``re:`` with ``re.match``: anchored at the start; ``$`` anchors the end). It matches exactly
+    that layer's experts: 3 x E names become one (a 128-expert, 48-layer model: 18432 -> 48
+    targets, a 0.95 MB config block -> 8 kB; vLLM 0.33's from_config + 240 lookups took 4.2-7.6 s with
+    the exact names and 0.2 s with the regexes on a shared 2-core CPU)."""
+    by_layer: dict[str, list[str]] = {}
+    for m in modules.values():
+        if m.vllm_prefix.endswith("experts") and m.name != m.vllm_prefix:
+            by_layer.setdefault(m.vllm_prefix, []).append(m.name)
+    chosen, out = set(names), []
+    for prefix, members in by_layer.items():
+        tails = [n[len(prefix) + 1:].split(".", 1) for n in members]
+        if not set(members) <= chosen or not all(len(t) == 2 and t[0].isdigit() for t in tails):
+            continue
+        leaves = "|".join(sorted({t[1] for t in tails}))
+        out.append(f"re:{re.escape(prefix)}\\.\\d+\\.(?:{leaves})$")
+        chosen -= set(members)
+    return sorted(chosen) + sorted(out)
 
 
 def _matches(name: str, target: str) -> bool:

@@ -14,7 +14,8 @@ configs (several config groups, the ``Linear`` group last, as ``quantize --algo-
   (``--algo W4A16_NVFP4 --algo-for 'self_attn*=FP8_PB_WO'``);
 * ``moe-mixed/``: the Qwen3-MoE of ``quantize_cli.example.qwen3_moe_tensors`` (MOE_CONFIG, seed
   5, rebuilt here and by the test), FP8_BLOCK for the dense Linears, NVFP4A16 for the experts
-  (``--algo FP8_PB_WO --algo-for '*experts*=W4A16_NVFP4'``), ignoring lm_head and the routers.
+  (``--algo FP8_PB_WO --algo-for '*experts*=W4A16_NVFP4'``; the experts as one ``re:`` target per
+  MoE layer), ignoring lm_head and the routers.
 
 Then it drops the copied bf16 tensors
 that equal the source byte for byte (lm_head, norms: checked before dropping) to keep the files
@@ -168,7 +169,8 @@ def run_mixed() -> None:
     moe = os.path.join("/tmp", "ct-golden-moe-src")
     write_moe(moe)
     names = source_names(moe)
-    experts = [n for n in names if ".mlp.experts." in n]
+    assert any(".mlp.experts." in n for n in names)
+    experts = [r"re:model\.layers\.0\.mlp\.experts\.\d+\.(?:down_proj|gate_proj|up_proj)$"]  # one per MoE layer, as quantize writes it
     routers = [n for n in names if n.endswith(".mlp.gate")]
     run(moe, os.path.join(HERE, "moe-mixed"), mixed_config({"NVFP4A16": experts, "FP8_BLOCK": ["Linear"]}, ["lm_head"] + routers))
 
