@@ -96,14 +96,9 @@ def _warm_device(dev: torch.device) -> None:
 
 
 def _not_yet_with_mixed(algo_for, scheme, scale_search: str = "none") -> None:
-    """--algo-for (MIXED_PRECISION) is written in the ModelOpt format, without searched scales, for now."""
-    from .formats import format_of
-
+    """--algo-for (mixed precision, either format) is written without searched scales, for now."""
     if not algo_for:
         return
-    if format_of(scheme) != "modelopt":
-        raise UsageError("--algo-for with --format compressed-tensors: mixed precision is written as ModelOpt's MIXED_PRECISION "
-                         "only for now; drop --algo-for or use --format modelopt")
     if (scale_search or "none").lower() != "none":
         raise UsageError(f"--algo-for with --scale-search {scale_search}: searched scales apply to single-algorithm "
                          "checkpoints only for now; drop one of the two")
@@ -155,7 +150,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
-                      layout=layout, act_scales=act_scales, algo_for=parse_algo_for(algo_for))
+                      layout=layout, act_scales=act_scales, algo_for=parse_algo_for(algo_for, format))
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
@@ -173,7 +168,7 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
 
     scheme = scheme_for(format, get_scheme(algo))
     _local_options(src, revision, exclude)
-    rules = parse_algo_for(algo_for)
+    rules = parse_algo_for(algo_for, format)
     _not_yet_with_mixed(algo_for, scheme)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")

@@ -111,7 +111,7 @@ def main():
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance).")
 @click.option("--format", "format", type=FORMAT, default="modelopt", show_default=True, help="Output format (docs/formats.md).")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
-              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION (compressed-tensors: one config group per algorithm). Repeatable.")
 @click.option("--kernels", type=click.Choice(["auto", "triton", "torch"], case_sensitive=False), default="auto", show_default=True,
               help="auto: Triton on a GPU, the torch reference on the CPU; torch: the reference everywhere; triton: require Triton.")
 @common
@@ -151,7 +151,7 @@ def _fast_exit() -> None:
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
 @click.option("--format", "fmt", type=FORMAT, default="modelopt", show_default=True, help="Output format to check for.")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
-              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION. Repeatable.")
+              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION (compressed-tensors: one config group per algorithm). Repeatable.")
 @common
 def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""

@@ -80,10 +80,9 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
 
 def ct_summary(quant: dict) -> str:
     """One line for a compressed-tensors ``quantization_config``: preset, format, kv cache, ignore."""
-    from .formats.ct_verify import preset_of
+    from .formats.ct_verify import describe
 
-    groups = quant.get("config_groups") or {}
-    return (f"quantized: compressed-tensors, preset {preset_of(quant) or 'unknown (' + ', '.join(groups) + ')'}, "
+    return (f"quantized: compressed-tensors, preset {describe(quant)}, "
             f"format {quant.get('format')!r}, kv cache {'fp8' if quant.get('kv_cache_scheme') else None}, "
             f"{len(quant.get('ignore') or [])} ignore entr(ies), status {quant.get('quantization_status')!r}")
 

@@ -16,6 +16,10 @@ vLLM 0.33 (``ModelOptMixedPrecisionConfig``) reads the algorithm per layer: a fu
 gate/up) or a MoE layer (all experts) must use one algorithm (vLLM raises on a mix), and only
 FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4 and MXFP8 are served per layer
 (MoE: FP8, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8). Everything else is refused here, with the reason.
+
+With ``--format compressed-tensors`` the same plan is written as one config group per algorithm
+(formats/ct_mixed.py); the rules (split fused groups / MoE layers refused) are the same, the
+served table is that format's (:func:`served`).
 """
 
 from __future__ import annotations
@@ -50,15 +54,20 @@ class AlgoRule:
         return any(match_reason(name, e) for e in vllm_rewrite([self.pattern]) for name in (mod.name, mod.vllm_prefix))
 
 
-def parse_algo_for(specs) -> list[AlgoRule]:
-    """``["self_attn*=FP8_PB_WO", ...]`` -> rules; a malformed entry or unknown algo is a usage error."""
+def parse_algo_for(specs, format: str | None = None) -> list[AlgoRule]:
+    """``["self_attn*=FP8_PB_WO", ...]`` -> rules; a malformed entry or unknown algo is a usage error.
+
+    `format`: the output format (``--format``); each rule's scheme writes it (compressed-tensors:
+    the algorithm's preset, formats.CT_SCHEMES)."""
+    from .formats import scheme_for
+
     rules = []
     for spec in specs or ():
         pattern, sep, algo = str(spec).rpartition("=")
         if not sep or not pattern.strip() or not algo.strip():
             raise UsageError(f"--algo-for {spec!r}: expected PATTERN=ALGO, e.g. --algo-for 'self_attn*=FP8_PB_WO'")
         try:
-            scheme = get_scheme(algo.strip())
+            scheme = scheme_for(format, get_scheme(algo.strip()))
         except UsageError as exc:
             raise UsageError(f"--algo-for {spec!r}: {exc.message}") from None
         rules.append(AlgoRule(pattern.strip(), scheme))
@@ -101,21 +110,35 @@ def findings(mods: dict[str, Module], groups: dict[str, list[Module]], moe: dict
     if not is_mixed(schemes):
         return out
     used = {s.algo for s in schemes.values()}
-    for algo in sorted(used - set(LINEAR_SERVED)):
+    linear_served, moe_served, where = served(schemes)
+    for algo in sorted(used - set(linear_served)):
         out.append(Finding(ERROR, "mixed-unserved", algo,
-            f"--algo-for: {algo} in a MIXED_PRECISION checkpoint: vLLM 0.33 serves only {', '.join(LINEAR_SERVED)} per "
+            f"--algo-for: {algo} in {where}: vLLM 0.33 serves only {', '.join(linear_served)} per "
             f"layer; choose one of those for these modules"))
     for prefix, members in moe.items():
         algo = next((schemes[m.name].algo for m in members if m.name in schemes), None)
-        if algo and algo in LINEAR_SERVED and algo not in MOE_SERVED:
+        if algo and algo in linear_served and algo not in moe_served:
             out.append(Finding(ERROR, "mixed-moe-unserved", prefix,
-                f"{prefix}: {algo} experts in a MIXED_PRECISION checkpoint: vLLM 0.33 serves MoE layers only as "
-                f"{', '.join(MOE_SERVED)}; choose one of those for the experts"))
+                f"{prefix}: {algo} experts in {where}: vLLM 0.33 serves MoE layers only as "
+                f"{', '.join(moe_served)}; choose one of those for the experts"))
     if layout not in (None, "plain"):
         out.append(Finding(ERROR, "layout", layout,
             f"--layout {layout} with --algo-for: packed layouts are written for one algorithm per checkpoint; "
             f"use --layout plain for a MIXED_PRECISION checkpoint"))
     return out
+
+
+def served(schemes: dict[str, Scheme]) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """(algorithms vLLM serves per Linear, per MoE layer, the checkpoint's description) for the
+    format the schemes write: ModelOpt MIXED_PRECISION, or compressed-tensors config groups
+    (every preset of formats.vllm_ct.VLLM_CT has a Linear and a MoE method in vLLM 0.33)."""
+    from .formats.exclusions import is_ct
+
+    if any(is_ct(s) for s in schemes.values()):
+        from .formats.vllm_ct import VLLM_CT
+
+        return tuple(VLLM_CT), tuple(VLLM_CT), "a compressed-tensors checkpoint with several config_groups"
+    return LINEAR_SERVED, MOE_SERVED, "a MIXED_PRECISION checkpoint"
 
 
 def layer_config(scheme: Scheme) -> dict:

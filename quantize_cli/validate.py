@@ -173,7 +173,7 @@ def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entrie
     `schemes`: mixed precision, module -> scheme (the expert formats are then checked by mixed.py)."""
     findings = (fused_group_findings(groups) + moe_findings(mods, scheme, check_format=not schemes)
                 + shape_findings(mods, scheme, recipe, config, tp, schemes))
-    findings += block_n_findings(mods, groups, scheme, recipe, config, tp)  # compressed-tensors FP8_BLOCK only
+    findings += block_n_findings(mods, groups, scheme, recipe, config, tp, schemes)  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
     misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
     findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in misread(mods, entries, dict(recipe.fused))

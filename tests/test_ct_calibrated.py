@@ -58,14 +58,6 @@ def test_compressed_tensors_takes_the_calibrated_scales(tmp_path, scales, algo):
     assert all(out[k].item() != constant for k in names)  # calibrated, not the documented constant
 
 
-def test_mxfp8_in_compressed_tensors_is_refused_with_the_reason(tmp_path):
-    from quantize_cli.errors import UsageError
-
-    with pytest.raises(UsageError, match="MXFP8 --format compressed-tensors: not written"):
-        api.convert(golden_checkpoint("tiny-llama"), str(tmp_path / "o"), algo="MXFP8", format="compressed-tensors", quiet=True)
-    assert not (tmp_path / "o").exists()
-
-
 def test_a_compressed_tensors_output_resumed_as_modelopt_is_refused(tmp_path):
     """A finished compressed-tensors DST, retried with --resume in the ModelOpt format: refused, not reused."""
     from quantize_cli.errors import QuantizeError

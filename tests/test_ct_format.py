@@ -22,7 +22,7 @@ from tests.test_resume import files, interrupt_after
 
 TINY = os.path.join(GOLDEN, "checkpoints", "tiny-llama")
 CT_GOLDEN = os.path.join(GOLDEN, "compressed_tensors")
-ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8"]
+ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"]
 FUSED = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}
 
 
@@ -86,6 +86,9 @@ def independent_dequant(leaves: dict[str, torch.Tensor]) -> torch.Tensor:
         val = torch.tensor(E2M1, dtype=torch.float64)[nib & 7] * torch.where(nib >= 8, -1.0, 1.0).double()
         s = leaves["weight_scale"].double() / leaves["weight_global_scale"].double()
         return (val.reshape(val.shape[0], -1, 16) * s[:, :, None]).reshape(val.shape)
+    if leaves["weight_scale"].dtype == torch.uint8:  # MXFP8: e8m0 exponents, one per 32 along K
+        e = leaves["weight_scale"].to(torch.int64) - 127
+        return leaves["weight"].double() * torch.pow(2.0, e.double()).repeat_interleave(32, 1)
     w, s = leaves["weight"].double(), leaves["weight_scale"].double()
     if s.dim() == 2 and s.shape[1] != 1 or (s.dim() == 2 and s.shape[0] != w.shape[0]):  # 128x128 blocks
         s = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]

@@ -18,7 +18,8 @@ from quantize_cli.api import convert
 from tests.conftest import GOLDEN, assert_same_bytes, load_all
 
 CT = os.path.join(GOLDEN, "compressed_tensors")
-ALGO = {"FP8_BLOCK": "FP8_PB_WO", "FP8_DYNAMIC": "FP8_PER_CHANNEL_PER_TOKEN", "W8A8": "INT8", "NVFP4A16": "W4A16_NVFP4"}
+ALGO = {"FP8_BLOCK": "FP8_PB_WO", "FP8_DYNAMIC": "FP8_PER_CHANNEL_PER_TOKEN", "W8A8": "INT8", "NVFP4A16": "W4A16_NVFP4",
+        "MXFP8": "MXFP8"}
 SOURCES = {"tiny-llama": os.path.join(GOLDEN, "checkpoints", "tiny-llama"), "edge": os.path.join(CT, "edge")}
 
 

@@ -13,6 +13,10 @@ documents (config.json block, ``hf_quant_config.json``) and how ``verify`` / ``i
 | NVFP4                       | NVFP4                 | NVFP4 (static input_global_scale)  |
 | W4A16_NVFP4                 | W4A16_NVFP4           | NVFP4A16                           |
 | INT8                        | W8A16                 | W8A8 (dynamic per-token int8)      |
+| MXFP8                       | MXFP8                 | MXFP8 (dynamic MX activations)     |
+
+Mixed precision (``--algo-for``) is ModelOpt's MIXED_PRECISION there and several
+``config_groups`` here (ct_mixed.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 
 from ..errors import UsageError
 from ..schemes import Scheme
+from .ct_mxfp8 import CtMxfp8
 from .ct_schemes import CtFp8, CtInt8, CtNvfp4, CtScheme
 from .static_scales import static_input_value
 
@@ -39,6 +44,7 @@ CT_SCHEMES: dict[str, CtScheme] = {
                 group_size=16, preset="NVFP4"),
         CtNvfp4("W4A16_NVFP4", "W4A16_NVFP4", shares_global_amax=True, group_size=16, preset="NVFP4A16"),
         CtInt8("INT8", "W8A16", preset="W8A8"),
+        CtMxfp8("MXFP8", "MXFP8", group_size=32, preset="MXFP8"),
     )
 }
 
@@ -55,9 +61,9 @@ def scheme_for(fmt: str, scheme: Scheme) -> Scheme:
     """The scheme that writes `scheme`'s algorithm in format `fmt` (ModelOpt: `scheme` itself)."""
     if check_format(fmt) != COMPRESSED_TENSORS:
         return scheme
-    if scheme.algo not in CT_SCHEMES:  # MXFP8: compressed-tensors has an mxfp8 preset, not written by us yet
-        raise UsageError(f"--algo {scheme.algo} --format compressed-tensors: not written in the compressed-tensors format yet; "
-                         f"use --format modelopt (vLLM serves {scheme.algo} from ModelOpt checkpoints)")
+    if scheme.algo not in CT_SCHEMES:  # every algorithm has a preset today; a new one must be added above
+        raise UsageError(f"--algo {scheme.algo} --format compressed-tensors: compressed-tensors has no preset for it here; "
+                         f"use --format modelopt")
     return CT_SCHEMES[scheme.algo]
 
 
@@ -82,8 +88,10 @@ def write_metadata(plan, folder: str, kv_cache_dtype: str | None) -> bool:
     if format_of(plan.scheme) == MODELOPT:
         return False
     from .ct_config import output_config, quantization_config
+    from .ct_mixed import ct_groups
 
-    qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), kv_cache_dtype)
+    groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # --algo-for: one group per algorithm
+    qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), kv_cache_dtype, groups)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(output_config(plan.source.config, qconfig), f, indent=2, sort_keys=True)
         f.write("\n")

@@ -12,14 +12,21 @@ from ..validate import ERROR, Finding, parallel_style, partition_shape
 from .ct_schemes import BLOCK, CtFp8
 
 
-def block_n_findings(mods, groups, scheme, recipe, config: dict, tp: int) -> list[Finding]:
-    """Errors for out-features vLLM's block loader cannot split (none for other schemes)."""
-    if not (isinstance(scheme, CtFp8) and scheme.granularity == "block"):
+def _is_block(scheme) -> bool:
+    return isinstance(scheme, CtFp8) and scheme.granularity == "block"
+
+
+def block_n_findings(mods, groups, scheme, recipe, config: dict, tp: int, schemes=None) -> list[Finding]:
+    """Errors for out-features vLLM's block loader cannot split (none for other schemes).
+
+    `schemes`: mixed precision, module -> its scheme (`scheme` for the others)."""
+    schemes = schemes or {}
+    if not any(_is_block(s) for s in [scheme, *schemes.values()]):
         return []
     out = []
     not_last = {m.name for members in groups.values() for m in members[:-1]}
     for mod in mods.values():
-        if not mod.quantize or mod.weight is None:
+        if not mod.quantize or mod.weight is None or not _is_block(schemes.get(mod.name, scheme)):
             continue
         part, _ = partition_shape(mod, recipe, config, tp)
         split = tp > 1 and parallel_style(mod, recipe) == "column"

@@ -16,6 +16,7 @@ _ARGS = {"actorder": None, "block_structure": None, "dynamic": False, "group_siz
          "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": "tensor", "symmetric": True,
          "type": "float", "zp_dtype": None}
 FP4_SCALE = "torch.float8_e4m3fn"
+MX_SCALE = "torch.uint8"  # e8m0 exponents
 
 
 def quant_args(**changes) -> dict:
@@ -35,16 +36,30 @@ PRESETS: dict[str, tuple[str, dict, dict | None]] = {
               quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE, dynamic="local",
                          observer="static_minmax")),
     "NVFP4A16": ("nvfp4-pack-quantized", quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE), None),
+    "MXFP8": ("mxfp8-quantized", quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE),
+              quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE, dynamic=True)),
 }
+MIXED_FORMAT = "mixed-precision"  # the top-level format llm-compressor writes when the groups' formats differ
 FP8_KV_CACHE = quant_args()  # static per-tensor FP8 (vLLM uses scale 1.0 when the checkpoint has none)
 
 
-def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | None = None) -> dict:
-    """The ``quantization_config`` block, keys as llm-compressor writes them (sorted on output)."""
+def config_group(preset: str, targets: list[str]) -> dict:
+    """One ``config_groups`` entry: the preset's arguments applied to `targets`."""
     fmt, weights, inputs = PRESETS[preset]
-    group = {"format": fmt, "input_activations": inputs, "output_activations": None, "targets": ["Linear"], "weights": weights}
+    return {"format": fmt, "input_activations": inputs, "output_activations": None, "targets": list(targets), "weights": weights}
+
+
+def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | None = None,
+                        groups: dict[str, list[str]] | None = None) -> dict:
+    """The ``quantization_config`` block, keys as llm-compressor writes them (sorted on output).
+
+    `groups`: mixed precision, preset -> targets (one group per preset, named after it); the
+    top-level ``format`` is then ``mixed-precision`` when the groups' formats differ."""
+    groups = groups or {preset: ["Linear"]}
+    formats = {PRESETS[p][0] for p in groups}
+    fmt = formats.pop() if len(formats) == 1 else MIXED_FORMAT
     return {
-        "config_groups": {preset: group},
+        "config_groups": {p: config_group(p, targets) for p, targets in groups.items()},
         "format": fmt,
         "global_compression_ratio": None,
         "ignore": list(ignore),

@@ -1,8 +1,9 @@
 """``quantize verify`` for compressed-tensors checkpoints (ours, llm-compressor's, any).
 
 The same checks as for ModelOpt (verify.py), with this format's rules: config.json carries a
-``quantization_config`` whose config group is one of the presets we know (docs/formats.md);
-every quantized module has exactly the preset's tensors, dtypes and shapes (scales in the
+``quantization_config`` whose config groups are presets we know (docs/formats.md); every
+quantized module has exactly the tensors, dtypes and shapes of the preset of the group vLLM
+gives it (mixed precision: exact / ``re:`` targets first, then ``Linear``; scales in the
 weight's dtype); vLLM's ``ignore`` semantics (exact / ``re:``, fused shards all or none) keep
 every unquantized Linear unquantized and no quantized one; no NaN/Inf; with a source, the
 dequantized weights' SQNR against the same floors.
@@ -17,6 +18,7 @@ from ..classify import EMBEDDING, LINEAR, classify
 from ..recipe import load_recipe
 from ..validate import ERROR
 from .ct_config import PRESETS
+from .ct_mixed import LINEAR_TARGET, group_of, group_targets
 
 _IGNORED_ARGS = ("observer", "observer_kwargs")
 
@@ -27,17 +29,31 @@ def _same_args(a: dict | None, b: dict | None) -> bool:
     return all(a.get(k) == v for k, v in b.items() if k not in _IGNORED_ARGS)
 
 
-def preset_of(qconfig: dict) -> str | None:
-    """The preset whose weights / input activations / format the single config group has."""
-    groups = qconfig.get("config_groups") or {}
-    if len(groups) != 1:
-        return None
-    g = next(iter(groups.values()))
-    fmt = g.get("format") or qconfig.get("format")
+def group_preset(group: dict, qconfig: dict) -> str | None:
+    """The preset whose weights / input activations / format config group `group` has."""
+    fmt = group.get("format") or qconfig.get("format")
     for name, (pfmt, weights, inputs) in PRESETS.items():
-        if fmt == pfmt and _same_args(g.get("weights"), weights) and _same_args(g.get("input_activations"), inputs):
+        if fmt == pfmt and _same_args(group.get("weights"), weights) and _same_args(group.get("input_activations"), inputs):
             return name
     return None
+
+
+def preset_of(qconfig: dict) -> str | None:
+    """The preset of the single config group (None: unknown, or several groups)."""
+    groups = qconfig.get("config_groups") or {}
+    return group_preset(next(iter(groups.values())) or {}, qconfig) if len(groups) == 1 else None
+
+
+def describe(qconfig: dict) -> str:
+    """``FP8_BLOCK`` or, for several groups, ``mixed: FP8_BLOCK (8 modules), NVFP4A16 (Linear)``."""
+    groups = qconfig.get("config_groups") or {}
+    if len(groups) == 1:
+        return preset_of(qconfig) or f"unknown ({', '.join(groups)})"
+    parts = []
+    for name, targets in group_targets(qconfig).items():
+        what = "Linear" if targets == [LINEAR_TARGET] else f"{len(targets)} target(s)"
+        parts.append(f"{group_preset(groups[name] or {}, qconfig) or 'unknown ' + repr(name)} ({what})")
+    return "mixed: " + ", ".join(parts)
 
 
 def verify_ct(path: str, config: dict, res, source: str | None) -> None:
@@ -45,31 +61,53 @@ def verify_ct(path: str, config: dict, res, source: str | None) -> None:
     from ..verify import _check_finite, _compare_with_source, _index
     from . import CT_SCHEMES
 
+    from ..mixed import MIXED
+
     q = config["quantization_config"]
-    preset = preset_of(q)
-    if preset is None:
-        res.add(ERROR, "config", "quantization_config", f"{path}/config.json: its compressed-tensors config group is not one of the "
-                f"presets this tool verifies ({', '.join(PRESETS)}); nothing else was checked")
+    groups = q.get("config_groups") or {}
+    presets = {g: group_preset(cfg or {}, q) for g, cfg in groups.items()}
+    if not presets or None in presets.values():
+        bad = [g for g, p in presets.items() if p is None]
+        res.add(ERROR, "config", "quantization_config", f"{path}/config.json: compressed-tensors config group(s) {bad or '(none)'} "
+                f"are not one of the presets this tool verifies ({', '.join(PRESETS)}); nothing else was checked")
         return
     if q.get("quantization_status") != "compressed":
         res.add(ERROR, "config", "quantization_status", f"quantization_status is {q.get('quantization_status')!r}; loaders expect 'compressed'")
     if os.path.exists(os.path.join(path, "hf_quant_config.json")):
         res.add(ERROR, "config", "hf_quant_config.json", "hf_quant_config.json is present beside a compressed-tensors config: "
                 "vLLM would pick the ModelOpt loader; delete it")
-    scheme = next(s for s in CT_SCHEMES.values() if s.preset == preset)
-    res.algo = scheme.algo
+    by_group = {g: next(s for s in CT_SCHEMES.values() if s.preset == p) for g, p in presets.items()}
+    targets = group_targets(q)
+    res.algo = next(iter(by_group.values())).algo if len(by_group) == 1 else MIXED
+
+    def scheme_of(module: str):  # the group vLLM gives the module: exact / re: targets first, then Linear
+        group = group_of(module, targets)
+        return by_group.get(group) if group is not None else None
+
     tensors = _index(path, res)
     if not tensors:
         return
-    quantized = _check_modules(tensors, scheme, res)
+    quantized = _check_modules(tensors, scheme_of, res)
+    _check_listed(targets, quantized, tensors, res)
     _check_ignore(tensors, quantized, config, list(q.get("ignore") or []), res)
     _check_finite(tensors, res)
     if source:
         recipe = load_recipe(None, config.get("model_type"))
-        _compare_with_source(source, quantized, lambda _module: scheme, recipe, res)
+        _compare_with_source(source, quantized, scheme_of, recipe, res)
 
 
-def _check_modules(tensors: dict[str, TensorInfo], scheme, res) -> dict[str, dict[str, TensorInfo]]:
+def _check_listed(targets: dict[str, list[str]], quantized, tensors, res) -> None:
+    """A module named exactly in a group's targets must hold quantized tensors (it exists, not kept)."""
+    modules = {t.module for t in tensors.values()}
+    for group, names in targets.items():
+        for name in names:
+            if name != LINEAR_TARGET and not name.startswith("re:") and name in modules and name not in quantized:
+                res.add(ERROR, "mixed-listed", name, f"{name}: a target of config group {group!r} but it holds no quantized "
+                        "tensors; vLLM would expect that group's tensors")
+
+
+def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res) -> dict[str, dict[str, TensorInfo]]:
+    """`scheme_of(module)`: the scheme of the config group vLLM would give it (None: no group)."""
     by_module: dict[str, dict[str, TensorInfo]] = {}
     for info in tensors.values():
         by_module.setdefault(info.module, {})[info.leaf] = info
@@ -78,6 +116,11 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme, res) -> dict[str, dic
         if "weight_scale" not in leaves and "weight_packed" not in leaves:
             continue
         quantized[mod] = leaves
+        scheme = scheme_of(mod)
+        if scheme is None:
+            res.add(ERROR, "mixed-unlisted", mod, f"{mod}: quantized tensors but no config group targets it; vLLM would "
+                    "load it unquantized")
+            continue
         w, scale = leaves.get("weight_packed") or leaves.get("weight"), leaves.get("weight_scale")
         if w is None or scale is None or len(w.shape) != 2:
             res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight and its weight_scale")

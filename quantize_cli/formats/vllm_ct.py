@@ -3,7 +3,8 @@
 Learned from ``CompressedTensorsConfig._get_scheme_from_parts`` (Linears) and
 ``CompressedTensorsMoEMethod.get_moe_method`` (MoE layers), and checked by parsing our configs
 with vLLM itself (bench/ct_vllm_decisions.py; its output is tests/golden/compressed_tensors/
-vllm_decisions.json). Every algorithm we write in this format has a Linear and a MoE path.
+vllm_decisions.json, and bench/ct_vllm_mixed_decisions.py for mixed precision). Every algorithm
+we write in this format has a Linear and a MoE path, so every mix of them is served per layer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from ..classify import LINEAR, ROUTER
 from .exclusions import ct_is_ignored, is_ct
 
-# algo -> (Linear scheme, static input scale?, MoE method)
+# algo -> (Linear scheme, static input scale? (None: the scheme has no such flag), MoE method)
 VLLM_CT = {
     "FP8": ("CompressedTensorsW8A8Fp8", True, "CompressedTensorsW8A8Fp8MoEMethod"),
     "FP8_PER_CHANNEL_PER_TOKEN": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
@@ -19,6 +20,7 @@ VLLM_CT = {
     "NVFP4": ("CompressedTensorsW4A4Fp4", True, "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "W4A16_NVFP4": ("CompressedTensorsW4A4Fp4", False, "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "INT8": ("CompressedTensorsW8A8Int8", False, "CompressedTensorsW8A8Int8MoEMethod"),
+    "MXFP8": ("CompressedTensorsW8A8Mxfp8", None, "CompressedTensorsW8A8Mxfp8MoEMethod"),  # no static-input flag
 }
 
 
@@ -30,7 +32,6 @@ def vllm_schemes(plan) -> dict[str, str]:
     """
     if not is_ct(plan.scheme):
         return {}
-    linear, static, moe = VLLM_CT[plan.scheme.algo]
     packed = dict(plan.recipe.fused)
     out: dict[str, str] = {}
     for m in plan.modules.values():
@@ -39,10 +40,11 @@ def vllm_schemes(plan) -> dict[str, str]:
         prefix = m.vllm_prefix
         if prefix in out:
             continue
+        linear, static, moe = VLLM_CT[plan.scheme_of(m.name).algo]  # mixed precision: the module's own group
         name = m.name if prefix.endswith("experts") else prefix
         ignored = ct_is_ignored(name, plan.exclude_modules, packed)
         if prefix.endswith("experts") and prefix != m.name:
             out[prefix] = "UnquantizedFusedMoEMethod" if ignored else moe
         else:
-            out[prefix] = "unquantized" if ignored else f"{linear}(static_input={static})"
+            out[prefix] = "unquantized" if ignored else linear if static is None else f"{linear}(static_input={static})"
     return out
