@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .algorithms import is_experts_prefix
 from .classify import EMBEDDING, LINEAR, ROUTER, Module
 from .matching import MixedFusedShards, match_reason, vllm_is_excluded, vllm_rewrite
 
@@ -33,7 +34,7 @@ def build_exclude_modules(mods: dict[str, Module], packed: dict[str, Iterable[st
                 entries.add(pattern)
                 continue
         # A kept expert excludes the whole MoE layer: vLLM has one module for all experts.
-        entries.add(mod.vllm_prefix if mod.vllm_prefix.endswith("experts") else mod.name)
+        entries.add(mod.vllm_prefix if is_experts_prefix(mod.vllm_prefix) else mod.name)
     return sorted(entries)
 
 

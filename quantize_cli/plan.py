@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .algorithms import is_experts_prefix
 from .checkpoint.safetensors_io import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
@@ -246,7 +247,7 @@ def _layout_findings(mods: dict[str, Module], packing: Packing, stacks: dict) ->
     for mod in mods.values():
         if not packing.dense:
             break
-        if mod.quantize and mod.vllm_prefix not in stacks and not mod.vllm_prefix.endswith("experts"):
+        if mod.quantize and mod.vllm_prefix not in stacks and not is_experts_prefix(mod.vllm_prefix):
             why = packing.dense_problem(mod.weight.shape)  # type: ignore[union-attr]
             if why:
                 out.append(Finding(ERROR, "layout", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: --layout {packing.layout.value} --algo {packing.algo}: {why}; fix: --exclude {mod.vllm_prefix!r} or --layout plain"))  # type: ignore[union-attr]

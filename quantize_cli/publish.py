@@ -54,7 +54,7 @@ def check_publishable(folder: str) -> dict:
 
 def serve_facts(quant_config: dict) -> dict:
     """The few card facts the serve lines need, read back from a checkpoint's hf_quant_config.json."""
-    from .verify import scheme_for
+    from .schemes import scheme_for_quant_algo as scheme_for
 
     q = quant_config.get("quantization") or {}
     scheme = scheme_for(q.get("quant_algo", ""))

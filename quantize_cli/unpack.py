@@ -24,7 +24,7 @@ from .experts import expert_names
 from .packing import ACT_DTYPES, unstack
 from .plan import OutTensor, _assign_shards, parse_size
 from .recipe import recipe_of_output
-from .schemes import SCHEMES
+from .schemes import scheme_for_quant_algo
 
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
@@ -64,7 +64,7 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     nested, config, record = _layout_record(src)
     layout = layouts.Layout(record["name"])
     sfx = layouts.suffix(layout)
-    scheme = next(s for s in SCHEMES.values() if s.quant_algo == nested["quantization"]["quant_algo"])
+    scheme = scheme_for_quant_algo(nested["quantization"]["quant_algo"])
     act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), torch.bfloat16)
     names = expert_names(recipe_of_output(nested, config.get("model_type"), os.path.join(src, "hf_quant_config.json")))
     shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))

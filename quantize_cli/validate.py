@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .algorithms import is_expert_linear
 from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
@@ -63,7 +64,7 @@ def moe_layers(mods: dict[str, Module]) -> dict[str, list[Module]]:
     """vLLM FusedMoE prefix (``...mlp.experts``) -> its per-expert Linears."""
     layers: dict[str, list[Module]] = {}
     for m in mods.values():
-        if m.kind == LINEAR and m.vllm_prefix.endswith("experts") and m.vllm_prefix != m.name:
+        if m.kind == LINEAR and is_expert_linear(m.name, m.vllm_prefix):
             layers.setdefault(m.vllm_prefix, []).append(m)
     return layers
 

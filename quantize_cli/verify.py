@@ -26,7 +26,7 @@ from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
 from .mixed import LINEAR_SERVED, MIXED
 from .recipe import load_recipe, recipe_of_output
-from .schemes import SCHEMES, Scheme
+from .schemes import SCHEMES, Scheme, scheme_for_quant_algo as scheme_for
 from .validate import ERROR, WARNING, Finding, FindingsResult
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
@@ -90,10 +90,6 @@ def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
     except (OSError, ValueError) as exc:
         res.add(ERROR, "bad-file", what, f"{path}: unreadable or not JSON ({exc})")
     return None
-
-
-def scheme_for(quant_algo: str) -> Scheme | None:
-    return next((s for s in SCHEMES.values() if s.quant_algo.upper() == str(quant_algo).upper()), None)
 
 
 def _configs(path: str, res: VerifyResult) -> tuple[dict | None, dict | None]:

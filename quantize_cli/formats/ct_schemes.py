@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 
 from ..schemes.base import Scheme, Spec
-from ..schemes.numerics import E2M1_MAX, E4M3_MAX, NVFP4_GROUP, e2m1_values, pack_nibbles, unpack_nibbles
+from ..schemes.numerics import E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP, e2m1_values, pack_nibbles, unpack_nibbles
 from .static_scales import static_input_value
 
-BLOCK = 128
+BLOCK = FP8_BLOCK
 INT8_HALF_RANGE = 127.5  # compressed-tensors: (qmax - qmin) / 2 = (127 - -128) / 2
 NVFP4_ZERO_SCALE = 0.125  # compressed-tensors replaces a zero e4m3 group scale by e4m3's eps
 _ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
+from ..algorithms import is_experts_prefix
 from ..classify import LINEAR, ROUTER, Module
 
 
@@ -66,7 +67,7 @@ def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, 
         if mod.kind not in (LINEAR, ROUTER):
             continue
         # vLLM asks for the fused prefix once; a MoE layer by its expert-0 names (one per expert here)
-        prefix = mod.name if mod.vllm_prefix.endswith("experts") else mod.vllm_prefix
+        prefix = mod.name if is_experts_prefix(mod.vllm_prefix) else mod.vllm_prefix
         if prefix in seen:
             continue
         seen.add(prefix)

@@ -8,6 +8,7 @@ vllm_decisions.json). Every algorithm we write in this format has a Linear and a
 
 from __future__ import annotations
 
+from ..algorithms import is_expert_linear, is_experts_prefix
 from ..classify import LINEAR, ROUTER
 from .exclusions import ct_is_ignored, is_ct
 
@@ -39,9 +40,9 @@ def vllm_schemes(plan) -> dict[str, str]:
         prefix = m.vllm_prefix
         if prefix in out:
             continue
-        name = m.name if prefix.endswith("experts") else prefix
+        name = m.name if is_experts_prefix(prefix) else prefix
         ignored = ct_is_ignored(name, plan.exclude_modules, packed)
-        if prefix.endswith("experts") and prefix != m.name:
+        if is_expert_linear(m.name, prefix):
             out[prefix] = "UnquantizedFusedMoEMethod" if ignored else moe
         else:
             out[prefix] = "unquantized" if ignored else f"{linear}(static_input={static})"

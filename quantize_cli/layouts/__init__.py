@@ -15,10 +15,10 @@ from enum import Enum
 
 import torch
 
+from ..algorithms import ALGOS
 from ..schemes import SCHEMES, get_scheme
 from . import cutlass, flashinfer, marlin
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 VLLM = "vllm 0.33.0"
 FLASHINFER = "flashinfer 0.7.2"
 

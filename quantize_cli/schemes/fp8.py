@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from .base import Scheme, Spec
-from .numerics import E4M3_MAX, block_amax, expand_blocks, scale_from_amax
+from .numerics import E4M3_MAX, FP8_BLOCK, block_amax, expand_blocks, scale_from_amax
 
-BLOCK = 128
+BLOCK = FP8_BLOCK
 
 
 def fp8_cast(x: torch.Tensor) -> torch.Tensor:

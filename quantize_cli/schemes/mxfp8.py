@@ -31,9 +31,8 @@ import torch
 
 from .base import Scheme, Spec
 from .fp8 import _fp32, fp8_cast
-from .numerics import E4M3_MAX, block_amax, div_exact
+from .numerics import E4M3_MAX, MX_BLOCK, block_amax, div_exact
 
-MX_BLOCK = 32  # elements along K sharing one e8m0 scale
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 _TABLE_LO = -150  # smallest unbiased exponent of a positive fp32 (2^-149 = 2^-150 * (1 + 1))
