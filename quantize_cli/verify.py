@@ -210,7 +210,7 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, ne
         if m.quantize:
             m.kind = LINEAR
     for p in [] if mixed else verify_exclusions(mods, exclude, dict(recipe.fused)):
-        res.add(ERROR, "exclusions", p.split(":")[0], p)
+        res.add(ERROR, "exclusions", p.subject, p.message)
     return mods, recipe
 
 

@@ -15,6 +15,7 @@ from typing import Iterable, Mapping
 
 from ..algorithms import is_experts_prefix
 from ..classify import LINEAR, ROUTER, Module
+from ..problems import EXCLUDE_MISREAD, Problem
 
 
 def is_ct(scheme) -> bool:
@@ -60,8 +61,8 @@ def ct_is_ignored(prefix: str, ignore: list[str], packed: Mapping[str, Iterable[
     return all(flags)
 
 
-def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, Iterable[str]]) -> list[str]:
-    """Problems (one line each) where vLLM would read `ignore` differently from the plan."""
+def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, Iterable[str]]) -> list[Problem]:
+    """Where vLLM would read `ignore` differently from the plan (rule ``exclude-misread``, subject: the prefix)."""
     problems, seen = [], set()
     for mod in mods.values():
         if mod.kind not in (LINEAR, ROUTER):
@@ -74,10 +75,10 @@ def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, 
         try:
             ignored = ct_is_ignored(prefix, ignore, packed)
         except ValueError as exc:
-            problems.append(f"{prefix}: {exc}")
+            problems.append(Problem(EXCLUDE_MISREAD, prefix, f"{prefix}: {exc}"))
             continue
         if ignored == mod.quantize:
             state = "quantized" if mod.quantize else "kept unquantized"
-            problems.append(f"{prefix}: {state}, but vLLM's compressed-tensors loader would read ignore as the opposite; "
-                            f"exclude or keep the whole module consistently")
+            problems.append(Problem(EXCLUDE_MISREAD, prefix, f"{prefix}: {state}, but vLLM's compressed-tensors loader would "
+                                    f"read ignore as the opposite; exclude or keep the whole module consistently"))
     return problems

@@ -1,0 +1,45 @@
+"""Structured problems: rule ids that code branches on, and validate.py turning them into findings."""
+
+import pytest
+
+from quantize_cli import layouts
+from quantize_cli.algorithms import ALGOS
+from quantize_cli.problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
+from quantize_cli.validate import ERROR, Finding, layout_request
+
+
+@pytest.mark.parametrize("layout", ["marlin", "cutlass", "flashinfer"])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("moe", [False, True])
+def test_layout_support_has_a_rule_and_the_message_supported_gives(layout, algo, moe):
+    p = layouts.support(layout, algo, moe)
+    assert (p.message if p else None) == layouts.supported(layout, algo, moe)
+    if p is not None:
+        assert p.rule in (LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED)
+        assert (p.rule == LAYOUT_NO_BYTES_MOVE) == p.message.startswith("no bytes move")
+
+
+def test_layout_request_decides_on_the_rule():
+    # CUTLASS FP8 dense moves no bytes but its MoE stacks are packed: accepted, dense written plain.
+    assert layout_request("cutlass", "FP8", None) == (None, False)
+    assert layout_request("cutlass", "NVFP4", None) == (None, True)
+    refusal, dense = layout_request("flashinfer", "INT8", None)  # no kernel at all
+    assert refusal.level == ERROR and refusal.code == "layout" and "no INT8 GEMM" in refusal.message and not dense
+    refusal, _ = layout_request("marlin", "FP8", "config.json has no torch_dtype")
+    assert refusal.message == "--layout marlin: config.json has no torch_dtype"
+
+
+def test_finding_of_a_problem_keeps_rule_subject_and_message():
+    f = Finding.of(ERROR, Problem("exclude-misread", "model.layers.0.mlp.gate", "model.layers.0.mlp.gate: ..."))
+    assert f == Finding(ERROR, "exclude-misread", "model.layers.0.mlp.gate", "model.layers.0.mlp.gate: ...")
+
+
+def test_expert_split_problems_name_the_tensor(tmp_path):
+    from quantize_cli.checkpoint.safetensors_io import TensorInfo
+    from quantize_cli.experts import expand
+    from quantize_cli.recipe import load_recipe
+
+    t = TensorInfo("model.layers.0.mlp.experts.gate_up_proj", "BF16", (4, 6, 8), "x", 0, 4 * 6 * 8 * 2)
+    _, problems = expand({t.name: t}, load_recipe("llama", "llama"), lambda m: False)
+    assert [(p.rule, p.subject) for p in problems] == [("expert-layout", t.name)]
+    assert "does not declare" in problems[0].message
