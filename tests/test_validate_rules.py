@@ -43,3 +43,12 @@ def test_expert_split_problems_name_the_tensor(tmp_path):
     _, problems = expand({t.name: t}, load_recipe("llama", "llama"), lambda m: False)
     assert [(p.rule, p.subject) for p in problems] == [("expert-layout", t.name)]
     assert "does not declare" in problems[0].message
+
+
+def test_report_does_not_import_plan():
+    """The plan -> report dependency runs one way (plan.to_text renders through report)."""
+    import subprocess
+    import sys
+
+    code = "import sys, quantize_cli.report; print('quantize_cli.plan' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["False"]
