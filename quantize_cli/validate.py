@@ -7,8 +7,9 @@ rule's stable id; code branches on it, never on the message (the messages are fo
 
 Other modules compute facts and return them as :class:`problems.Problem` (rule id, subject,
 message): experts.py (fused expert tensors that do not split), exclusions.py and
-formats/exclusions.py (lists vLLM would misread), layouts/ (what a kernel layout takes); this
-module decides their level. The rules, by code:
+formats/exclusions.py (lists vLLM would misread), formats/block_shapes.py (compressed-tensors
+FP8 block rows vLLM cannot split, rule ``shape``), layouts/ (what a kernel layout takes); this
+module decides their level. Tensor-parallel splits are facts of parallel.py. The rules, by code:
 
     error    shape                 untakeable weight shape or dtype, also per tensor-parallel part
     error    fused-partial         a fused group (q/k/v, gate/up) only partly excluded
@@ -22,8 +23,7 @@ module decides their level. The rules, by code:
     warning  source, uncalibrated, int8-vllm, pattern-unmatched, nothing-quantized
 
 Rooms with rules of their own, collected into the same findings: mixed.py (``--algo-for``:
-algo-split, mixed-unserved, mixed-moe-unserved), formats/block_shapes.py (compressed-tensors
-FP8 block shapes), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
+algo-split, mixed-unserved, mixed-moe-unserved), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
 experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, pattern-substring).
 """
 
@@ -36,6 +36,8 @@ from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
 from .formats.exclusions import ct_misread, is_ct
+from .formats.block_shapes import block_n_problems
+from .parallel import parallel_style, partition_shape
 from .problems import LAYOUT_NO_BYTES_MOVE, Problem
 from .schemes import Scheme
 
@@ -114,35 +116,6 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme, check_format: bool = T
     return out
 
 
-def parallel_style(mod: Module, recipe) -> str:
-    """How vLLM splits this Linear under tensor parallelism: ``column`` (N), ``row`` (K) or ``replicated``."""
-    last = mod.name.rpartition(".")[2]
-    par = recipe.parallel
-    if last in par.get("replicated", ()):
-        return "replicated"
-    if last in par.get("row", ()):
-        return "row"
-    return "column"
-
-
-def partition_shape(mod: Module, recipe, config: dict, tp: int) -> tuple[tuple[int, int] | None, str | None]:
-    """The ``[N, K]`` one tensor-parallel rank holds, or (None, why) when the dims do not split."""
-    n, k = mod.weight.shape  # type: ignore[union-attr]
-    style = parallel_style(mod, recipe)
-    if tp == 1 or style == "replicated":
-        return (n, k), None
-    last = mod.name.rpartition(".")[2]
-    kv_heads = config.get("num_key_value_heads")
-    heads = config.get("num_attention_heads")
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else None)
-    if style == "column" and last in ("k_proj", "v_proj") and kv_heads and head_dim and kv_heads < tp:
-        return (head_dim, k), None  # vLLM replicates KV heads when there are fewer than ranks
-    dim = n if style == "column" else k
-    if dim % tp:
-        return None, f"{'out' if style == 'column' else 'in'}-features {dim} do not split into {tp} {style}-parallel parts"
-    return ((n // tp, k) if style == "column" else (n, k // tp)), None
-
-
 def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict, tp: int,
                    schemes: dict[str, Scheme] | None = None) -> list[Finding]:
     out = []
@@ -200,7 +173,7 @@ def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entrie
     `schemes`: mixed precision, module -> scheme (the expert formats are then checked by mixed.py)."""
     findings = (fused_group_findings(groups) + moe_findings(mods, scheme, check_format=not schemes)
                 + shape_findings(mods, scheme, recipe, config, tp, schemes))
-    findings += block_n_findings(mods, groups, scheme, recipe, config, tp)  # compressed-tensors FP8_BLOCK only
+    findings += [Finding.of(ERROR, p) for p in block_n_problems(mods, groups, scheme, recipe, config, tp)]  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
     misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
     findings += [Finding.of(ERROR, p) for p in misread(mods, entries, dict(recipe.fused)) if p.subject not in partial]
@@ -267,5 +240,3 @@ def dense_layout_findings(mods: dict[str, Module], packing, stacks: dict) -> lis
                 out.append(Finding(ERROR, "layout", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: --layout {packing.layout.value} --algo {packing.algo}: {why}; fix: --exclude {mod.vllm_prefix!r} or --layout plain"))  # type: ignore[union-attr]
     return out
 
-
-from .formats.block_shapes import block_n_findings  # noqa: E402  (it imports this module's helpers)

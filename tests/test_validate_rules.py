@@ -52,3 +52,23 @@ def test_report_does_not_import_plan():
 
     code = "import sys, quantize_cli.report; print('quantize_cli.plan' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["False"]
+
+
+def test_compressed_tensors_block_rows_per_rank_are_a_shape_error(make_checkpoint):
+    """formats/block_shapes.py computes the fact (a Problem); validate.py makes it an error finding."""
+    from quantize_cli.checkpoint.source import open_source
+    from quantize_cli.formats import scheme_for
+    from quantize_cli.plan import build_plan
+    from quantize_cli.recipe import load_recipe
+    from quantize_cli.schemes import get_scheme
+    from tests.families import build, dense
+
+    cfg, shapes = dense("llama")
+    src = open_source(make_checkpoint(build(shapes), cfg))
+    scheme = scheme_for("compressed-tensors", get_scheme("FP8_PB_WO"))
+    ok = build_plan(src, scheme, load_recipe(None, "llama"), tp=2)
+    assert not [f for f in ok.findings if f.level == ERROR]
+    bad = build_plan(src, scheme, load_recipe(None, "llama"), tp=4)  # q_proj 256 rows -> 64 per rank
+    rows = [f for f in bad.findings if f.level == ERROR and "FP8_BLOCK needs out-features" in f.message]
+    assert {f.subject for f in rows} == {f"model.layers.{n}.self_attn.q_proj" for n in range(2)}
+    assert all(f.code == "shape" and "multiples of 128 for --tp 4 column-parallel part" in f.message for f in rows)

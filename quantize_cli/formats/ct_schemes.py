@@ -105,7 +105,7 @@ class CtFp8(CtScheme):
         problem = super().shape_problem(shape)
         if problem is None and self.granularity == "block":
             # vLLM needs K in 128-multiples per row-parallel part; llm-compressor 0.14 crashes on other K.
-            # Out-features may be ragged (the last block is partial) except where block_n_findings says.
+            # Out-features may be ragged (the last block is partial) except where block_n_problems says.
             problem = k_group_problem(shape, BLOCK, "128x128 blocks")
         return problem
 
