@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..checkpoint.safetensors_io import TensorInfo
-from ..errors import CalibrationError, UsageError
+from ..errors import CalibrationError
 from ..jsonfile import MISSING, NOT_OBJECT, JsonFileError, load_json
 
 FORMAT = "quantize-act-scales"
