@@ -162,7 +162,7 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     """
     from .check import run_check
     from .checkpoint.hub import open_hub_headers
-    from .checkpoint.source import _REPO_ID
+    from .repo_id import is_repo_id
     from .errors import CheckFailed
     from .formats import scheme_for
 
@@ -174,7 +174,7 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
     if json:
         check_json_output(json, "--json", (src if os.path.isdir(src) else None,))
-    local = src.startswith("example:") or os.path.isdir(src) or not _REPO_ID.match(src)
+    local = src.startswith("example:") or os.path.isdir(src) or not is_repo_id(src, owner_required=False)
     source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
     rec = load_recipe(recipe, source.config.get("model_type"))
     plan = build_plan(source, scheme, rec, list(exclude), tp=tp, algo_for=rules)

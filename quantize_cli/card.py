@@ -32,6 +32,7 @@ import shlex
 import statistics
 
 from . import __version__
+from .repo_id import is_repo_id
 
 CARD_NAME = "README.md"
 _MARKER = "<!-- written by quantize: everything above this line is generated -->"
@@ -53,7 +54,6 @@ _DESCRIBE = {
     "W4A16_NVFP4": "NVFP4 weights (E2M1, 16-element groups); 16-bit activations",
     "INT8": "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations",
 }
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def command_line(src: str, dst: str, **options) -> str:
@@ -113,7 +113,7 @@ def card_facts(plan, command: str, verify_result=None, calibration: dict | None 
         "tool": {"name": "quantize", "version": __version__},
         "command": command,
         "source": label,
-        "base_model": label if plan.source.from_hub and _REPO_ID.match(label) else None,
+        "base_model": label if plan.source.from_hub and is_repo_id(label) else None,
         "format": fmt,
         "layout": plan.packing.metadata()["name"] if plan.packing is not None else "plain",
         "algos": {algo: len(quantized)},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .algorithms import MIXED_PRECISION, is_expert_linear
 from .classify import LINEAR, ROUTER, Module
 from .errors import display
 from .matching import match_reason, vllm_rewrite
@@ -101,7 +102,7 @@ class CheckResult(FindingsResult):
             "command": "check",
             "source": p.source.label,
             "algo": p.scheme.algo,
-            "quant_algo": "MIXED_PRECISION" if p.mixed else p.scheme.quant_algo,
+            "quant_algo": MIXED_PRECISION if p.mixed else p.scheme.quant_algo,
             "recipe": p.recipe.name,
             "tp": self.tp,
             "ok": not self.errors,
@@ -147,7 +148,7 @@ def run_check(plan: Plan, exclude, tp: int) -> CheckResult:
     """Pattern analysis on top of the plan's own findings (deduplicated by message)."""
     groups = dict(plan.groups)
     for m in plan.modules.values():  # MoE layers behave like fused groups for exclusion
-        if m.kind == LINEAR and m.vllm_prefix.endswith("experts") and m.vllm_prefix != m.name:
+        if m.kind == LINEAR and is_expert_linear(m.name, m.vllm_prefix):
             groups.setdefault(m.vllm_prefix, []).append(m.name)
     reports, findings = [], list(plan.findings)
     for pat in exclude:

@@ -14,10 +14,10 @@ import sys
 import click
 
 from . import __version__
+from .algorithms import ALGOS, canonical_algo
 from .errors import QuantizeError, format_error
 from .signals import stop_on_signals
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 FORMAT = click.Choice(["modelopt", "compressed-tensors"], case_sensitive=False)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -61,9 +61,8 @@ class AlgoType(click.ParamType):
     name = "ALGO"
 
     def convert(self, value, param, ctx):
-        key = str(value).upper()
-        key = "INT8" if key == "W8A16" else key
-        if key not in ALGOS:
+        key = canonical_algo(value)
+        if key is None:
             self.fail(f"{value!r} is not one of {', '.join(ALGOS)} (case-insensitive)", param, ctx)
         return key
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .algorithms import is_experts_prefix
 from .classify import EMBEDDING, LINEAR, ROUTER, Module
 from .matching import MixedFusedShards, match_reason, vllm_is_excluded, vllm_rewrite
+from .problems import EXCLUDE_MISREAD, Problem
 
 
 def build_exclude_modules(mods: dict[str, Module], packed: dict[str, Iterable[str]]) -> list[str]:
@@ -33,13 +35,13 @@ def build_exclude_modules(mods: dict[str, Module], packed: dict[str, Iterable[st
                 entries.add(pattern)
                 continue
         # A kept expert excludes the whole MoE layer: vLLM has one module for all experts.
-        entries.add(mod.vllm_prefix if mod.vllm_prefix.endswith("experts") else mod.name)
+        entries.add(mod.vllm_prefix if is_experts_prefix(mod.vllm_prefix) else mod.name)
     return sorted(entries)
 
 
-def verify_exclusions(mods: dict[str, Module], entries: list[str], packed: dict[str, Iterable[str]]) -> list[str]:
-    """Problems (one line each) where vLLM would not read `entries` as the plan decided."""
-    problems: list[str] = []
+def verify_exclusions(mods: dict[str, Module], entries: list[str], packed: dict[str, Iterable[str]]) -> list[Problem]:
+    """Where vLLM would not read `entries` as the plan decided (rule ``exclude-misread``, subject: the vLLM prefix)."""
+    problems: list[Problem] = []
     seen: set[str] = set()
     for mod in mods.values():
         if mod.kind not in (LINEAR, ROUTER) or mod.vllm_prefix in seen:
@@ -49,17 +51,17 @@ def verify_exclusions(mods: dict[str, Module], entries: list[str], packed: dict[
             try:
                 excluded = vllm_is_excluded(mod.vllm_prefix, variant, packed)
             except MixedFusedShards as exc:
-                problems.append(f"{mod.vllm_prefix}: {exc}")
+                problems.append(Problem(EXCLUDE_MISREAD, mod.vllm_prefix, f"{mod.vllm_prefix}: {exc}"))
                 break
             if excluded and mod.quantize:
                 culprit = _culprit(mod.vllm_prefix, variant)
-                problems.append(
+                problems.append(Problem(EXCLUDE_MISREAD, mod.vllm_prefix,
                     f"{mod.vllm_prefix}: quantized, but vLLM would treat it as excluded{label} because of entry "
-                    f"{culprit!r} (substring/wildcard rule); also --exclude {mod.name!r} or keep {culprit!r} quantized"
-                )
+                    f"{culprit!r} (substring/wildcard rule); also --exclude {mod.name!r} or keep {culprit!r} quantized"))
                 break
             if not excluded and not mod.quantize:
-                problems.append(f"{mod.vllm_prefix}: kept in the source dtype but vLLM would quantize it{label}")
+                problems.append(Problem(EXCLUDE_MISREAD, mod.vllm_prefix,
+                                        f"{mod.vllm_prefix}: kept in the source dtype but vLLM would quantize it{label}"))
                 break
     return problems
 

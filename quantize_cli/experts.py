@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo, nbytes_of
+from .problems import EXPERT_LAYOUT, Problem
 
 GATE_UP_LAYOUTS = ("gate_up", "gate_up_t", "gate_up_interleaved")
 DOWN_LAYOUTS = ("down", "down_t")
@@ -123,19 +124,20 @@ def expert_names(recipe) -> dict[str, str]:
     return {**DEFAULT_NAMES, **((recipe.experts or {}).get("names") or {})}
 
 
-def expand(tensors: dict[str, TensorInfo], recipe, kept) -> tuple[dict[str, TensorInfo], list[str]]:
+def expand(tensors: dict[str, TensorInfo], recipe, kept) -> tuple[dict[str, TensorInfo], list[Problem]]:
     """Replace every declared fused 3-D expert tensor by its per-expert virtual tensors.
 
     Args:
         kept: predicate on a container module name: True when the user excluded it (an
             undeclared fused tensor of a kept container is then copied unchanged).
 
-    Returns the new name -> tensor mapping (source order kept) and the problems found.
+    Returns the new name -> tensor mapping (source order kept) and the problems found (rule
+    ``expert-layout``, subject: the fused tensor's name).
     """
     layouts = (recipe.experts or {}).get("fused_tensors") or {}
     names = expert_names(recipe)
     out: dict[str, TensorInfo] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     for name, info in tensors.items():
         if not is_fused_expert_tensor(info):
             out[name] = info
@@ -150,7 +152,7 @@ def expand(tensors: dict[str, TensorInfo], recipe, kept) -> tuple[dict[str, Tens
             )
         if layout is None or why:
             if why:
-                problems.append(why)
+                problems.append(Problem(EXPERT_LAYOUT, name, why))
             out[name] = info
             continue
         for part in split(info, layout, names):

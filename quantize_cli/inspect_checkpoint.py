@@ -7,12 +7,12 @@ safetensors headers are fetched (ranged requests), never the weights.
 from __future__ import annotations
 
 import collections
-import json
 import os
 
 from .checkpoint.safetensors_io import read_header
 from .checkpoint.source import regular_file_inside
 from .errors import SourceError
+from .jsonfile import read_json_or_none
 from .report import human_bytes
 
 
@@ -26,9 +26,9 @@ def inspect_checkpoint(path: str, revision: str | None = None) -> str:
         infos = [t for f in shards for t in read_header(regular_file_inside(path, f)).tensors.values()]
         config, nested = _json(os.path.join(path, "config.json")), _json(os.path.join(path, "hf_quant_config.json"))
     else:
-        from .checkpoint.source import _REPO_ID
+        from .repo_id import is_repo_id
 
-        if os.path.exists(path) or path.startswith((".", "/", "~")) or not _REPO_ID.match(path) or "/" not in path:
+        if os.path.exists(path) or path.startswith((".", "/", "~")) or not is_repo_id(path):
             raise SourceError(f"{path}: not a folder or a Hub repo id (owner/name); inspect takes a checkpoint folder or repo id")
         config, tensors, shards, nested = _hub(path, revision)
         infos = list(tensors.values())
@@ -92,9 +92,4 @@ def _json(path: str) -> dict | None:
         regular_file_inside(os.path.dirname(path), os.path.basename(path))
     except SourceError:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        return None
+    return read_json_or_none(path)

@@ -27,15 +27,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from .algorithms import ALGOS, MIXED_PRECISION
 from .classify import Module
 from .errors import UsageError
 from .matching import match_reason, vllm_rewrite
 from .schemes import Scheme, get_scheme
 from .validate import ERROR, WARNING, Finding
 
-MIXED = "MIXED_PRECISION"
+MIXED = MIXED_PRECISION
 # What vLLM 0.33's ModelOptMixedPrecisionConfig serves per layer (LINEAR_ALGOS, RoutedExperts branch).
-LINEAR_SERVED = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8")
+LINEAR_SERVED = tuple(a for a in ALGOS if a != "INT8")  # ModelOpt W8A16 is not among them
 MOE_SERVED = ("FP8", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8")
 
 

@@ -8,24 +8,18 @@ when that file is an earlier report of this tool. Its folder must already exist.
 
 from __future__ import annotations
 
-import json
 import os
 
 from .errors import UsageError
+from .jsonfile import read_json_or_none
 
 _MAX_REPORT_BYTES = 256 << 20
 
 
 def _is_our_report(path: str) -> bool:
     """An earlier ``--report`` (converter name quantize + status) or check/verify ``--json`` document."""
-    try:
-        if os.path.getsize(path) > _MAX_REPORT_BYTES:
-            return False
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return False
-    if not isinstance(doc, dict):
+    doc = read_json_or_none(path, max_bytes=_MAX_REPORT_BYTES)
+    if doc is None:
         return False
     conv = doc.get("converter")
     return doc.get("command") in ("check", "verify") or (isinstance(conv, dict) and conv.get("name") == "quantize" and "status" in doc)

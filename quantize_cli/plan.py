@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from .checkpoint.safetensors_io import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
-from .exclusions import build_exclude_modules
 from .formats.exclusions import exclusion_list
 from .experts import expand
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
 from .schemes import Scheme
-from .validate import ERROR, WARNING, Finding, moe_layers, validate
-from . import layouts, mixed
+from .validate import (ERROR, WARNING, Finding, dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding,
+                       moe_stack_finding, name_clash_finding, problem_findings, validate)
+from . import mixed
 from .experts import expert_names
 from .layouts import Layout
 from .packing import Packing, act_dtype_from_config
@@ -164,15 +164,11 @@ def _packing(layout: str, scheme: Scheme, config: dict, findings: list[Finding])
     if layout in (None, "plain"):
         return None
     act, why = act_dtype_from_config(config)
-    if act is None:
-        findings.append(Finding(ERROR, "layout", layout, f"--layout {layout}: {why}"))
+    refusal, dense = layout_request(layout, scheme.algo, why if act is None else None)
+    if refusal is not None:
+        findings.append(refusal)
         return None
-    dense = layouts.supported(layout, scheme.algo)
-    moe = layouts.supported(layout, scheme.algo, moe=True)
-    if dense and (moe or not dense.startswith("no bytes move")):
-        findings.append(Finding(ERROR, "layout", layout, f"--layout {layout} --algo {scheme.algo}: {dense}"))
-        return None
-    return Packing(Layout(layout), scheme.algo, act, dense=dense is None)
+    return Packing(Layout(layout), scheme.algo, act, dense=dense)
 
 
 def _user_excludes(module: str, patterns) -> bool:
@@ -214,9 +210,7 @@ class _ClashCheckingDict(dict):
 
     def __setitem__(self, name: str, out: OutTensor) -> None:
         if name in self:
-            self.findings.append(Finding(ERROR, "name-clash", name,
-                f"{name}: the source has a tensor of this name and the conversion also writes one; the checkpoint is "
-                "already (partly) quantized or mislabelled; remove that tensor or convert the original checkpoint"))
+            self.findings.append(name_clash_finding(name))
             return
         super().__setitem__(name, out)
 
@@ -233,27 +227,15 @@ def _moe_stacks(mods: dict[str, Module], recipe: Recipe, packing: Packing | None
         by_role = {r: [m for m in experts if m.name.endswith("." + names[r])] for r in ("gate", "up", "down")}
         count = len(by_role["down"])
         if not count or any(len(v) != count for v in by_role.values()):
-            findings.append(Finding(ERROR, "layout", container, f"{container}: experts lack gate/up/down ({', '.join(names.values())}); cannot stack them for --layout {packing.layout.value}"))
+            findings.append(moe_roles_finding(container, names, packing.layout.value))
             continue
         i, h = by_role["gate"][0].weight.shape  # type: ignore[union-attr]
         why = packing.moe_problem(count, i, h)
         if why:
-            findings.append(Finding(ERROR, "layout", container, f"{container} (E={count}, I={i}, H={h}): --layout {packing.layout.value}: {why}"))
+            findings.append(moe_stack_finding(container, (count, i, h), packing.layout.value, why))
             continue
         stacks[container] = packing.moe_stack_specs(container, count, i, h)
     return stacks
-
-
-def _layout_findings(mods: dict[str, Module], packing: Packing, stacks: dict) -> list[Finding]:
-    out = []
-    for mod in mods.values():
-        if not packing.dense:
-            break
-        if mod.quantize and mod.vllm_prefix not in stacks and not mod.vllm_prefix.endswith("experts"):
-            why = packing.dense_problem(mod.weight.shape)  # type: ignore[union-attr]
-            if why:
-                out.append(Finding(ERROR, "layout", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: --layout {packing.layout.value} --algo {packing.algo}: {why}; fix: --exclude {mod.vllm_prefix!r} or --layout plain"))  # type: ignore[union-attr]
-    return out
 
 
 def _assign_shards(outs: dict[str, OutTensor], max_shard: int) -> tuple[dict[str, OutTensor], list[str]]:
@@ -343,7 +325,7 @@ def build_plan(
     mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
     entries = exclusion_list(scheme, mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
-    findings = [Finding(ERROR, "expert-layout", p.split(" ")[0], p) for p in split_problems]
+    findings = problem_findings(split_problems)
     schemes, rules_used = mixed.assign(mods, scheme, list(algo_for))
     if algo_for:
         findings += mixed.findings(mods, groups, moe_layers(mods), schemes, rules_used, list(algo_for), layout)
@@ -356,11 +338,10 @@ def build_plan(
     packing = _packing(layout, scheme, source.config, findings)
     stacks = _moe_stacks(mods, recipe, packing, findings)
     if packing is not None and not packing.dense and not stacks:  # nothing moves: say so, write plain
-        why = layouts.supported(packing.layout, packing.algo)
-        findings.append(Finding(WARNING, "layout-plain", layout, f"--layout {layout} --algo {scheme.algo}: {why}; writing the plain layout"))
+        findings.append(layout_plain_finding(layout, scheme.algo))
         packing = None
     if packing is not None:
-        findings += _layout_findings(mods, packing, stacks)
+        findings += dense_layout_findings(mods, packing, stacks)
     calib = for_plan(act_scales, mods, groups, scheme, kv_cache_dtype, findings)  # act_scales: a ScalesDoc or None
     kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}

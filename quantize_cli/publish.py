@@ -14,14 +14,13 @@ passed, printed, written to a report or a card; error messages are redacted agai
 
 from __future__ import annotations
 
-import json
 import os
-import re
 
 from . import __version__
 from .errors import PublishError, UsageError, redact
+from .jsonfile import read_json_or_none
+from .repo_id import is_repo_id
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 # Work files (lock, resume journal) and huggingface_hub's own upload cache are never published.
 IGNORE = [".*", "*/.*"]
 SCHEMA_VERSION = 1
@@ -29,7 +28,7 @@ SCHEMA_VERSION = 1
 
 def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> str:
     """`repo_id` if it is ``owner/name``; a usage error (exit 2) in the first second otherwise."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
+    if not is_repo_id(repo_id):
         raise UsageError(f"{flag} {repo_id!r}: not a Hub repo id; use owner/name (letters, digits, '-', '_', '.')")
     return repo_id
 
@@ -44,17 +43,12 @@ def check_publishable(folder: str) -> dict:
     unfinished = {".quantize.lock", ".quantize-state.json", ".quantize-journal"} & names
     if unfinished:
         raise PublishError(f"{folder}: holds {sorted(unfinished)[0]}, an unfinished conversion; finish it with convert --resume first")
-    try:
-        with open(os.path.join(folder, "hf_quant_config.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json_or_none(os.path.join(folder, "hf_quant_config.json")) or {}
 
 
 def serve_facts(quant_config: dict) -> dict:
     """The few card facts the serve lines need, read back from a checkpoint's hf_quant_config.json."""
-    from .verify import scheme_for
+    from .schemes import scheme_for_quant_algo as scheme_for
 
     q = quant_config.get("quantization") or {}
     scheme = scheme_for(q.get("quant_algo", ""))

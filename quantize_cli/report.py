@@ -8,6 +8,7 @@ import os
 import statistics
 
 from . import __version__
+from .algorithms import E4M3_MAX, MIXED_PRECISION
 from .errors import display
 
 # Bumped when a key of the --report document is removed or changes meaning (docs/ci.md).
@@ -23,7 +24,7 @@ def human_bytes(n: int | float) -> str:
 
 
 def _module_rows(plan) -> list[tuple[str, str, str, str]]:
-    from .plan import natural_key
+    from .classify import natural_key  # not from plan: plan imports this module
 
     rows = []
     for mod in sorted(plan.modules.values(), key=lambda m: natural_key(m.name)):
@@ -74,7 +75,7 @@ def plan_json(plan) -> dict:
     """The plan as plain data (stable keys; compared with == in tests)."""
     return {
         "algo": plan.scheme.algo,
-        "quant_algo": "MIXED_PRECISION" if plan.mixed else plan.scheme.quant_algo,
+        "quant_algo": MIXED_PRECISION if plan.mixed else plan.scheme.quant_algo,
         "recipe": plan.recipe.name,
         "modules": {
             m.name: {"kind": m.kind, "quantize": m.quantize, "reason": m.reason, "vllm_prefix": m.vllm_prefix, "tensors": sorted(m.tensors),
@@ -127,7 +128,7 @@ def run_report(plan, options: dict, stats, timings: dict, dst: str | None, statu
         "destination": dst,
         "options": options,
         "algo": plan.scheme.algo,
-        "quant_algo": "MIXED_PRECISION" if plan.mixed else plan.scheme.quant_algo,
+        "quant_algo": MIXED_PRECISION if plan.mixed else plan.scheme.quant_algo,
         "recipe": plan.recipe.name,
         "calibration": _calibration(plan),
         "warnings": plan.warnings,
@@ -178,7 +179,7 @@ def calibration_summary(plan, full: bool) -> dict:
         algo = plan.scheme.algo
         out["per_module"] = {m: {"amax": a, "input_scale": float(cal.input_scale(m, algo)), "tokens": cal.tokens.get(m, 0)}
                              for m, a in cal.input_amax.items()}
-        out["kv"] = {a: {"k_amax": k, "v_amax": v, "k_scale": k / 448.0, "v_scale": v / 448.0} for a, (k, v) in cal.kv_amax.items()}
+        out["kv"] = {a: {"k_amax": k, "v_amax": v, "k_scale": k / E4M3_MAX, "v_scale": v / E4M3_MAX} for a, (k, v) in cal.kv_amax.items()}
     return out
 
 

@@ -25,6 +25,7 @@ from . import __version__, checksum
 from .checkpoint.durable import write_atomic
 from .checkpoint.safetensors_io import TensorInfo
 from .errors import DestinationError
+from .jsonfile import read_json_or_none
 
 STATE = ".quantize-state.json"
 JOURNAL = ".quantize-journal"
@@ -61,11 +62,7 @@ def start(folder: str, fp: str) -> "Journal":
 
 def resume(folder: str, fp: str, plan, task_outputs, writer) -> tuple[set[int], "Journal"]:
     """Check the fingerprint and return the verified completed task indices and the journal."""
-    try:
-        with open(os.path.join(folder, STATE)) as f:
-            state = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        state = {}
+    state = read_json_or_none(os.path.join(folder, STATE)) or {}
     if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), str):
         err = DestinationError(f"{folder}: its resume state ({STATE}) is missing or unreadable; rerun without --resume to start over")
     elif state["fingerprint"] != fp:

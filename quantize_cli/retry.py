@@ -21,6 +21,7 @@ import os
 from .checkpoint.durable import write_atomic
 from .checkpoint.writer import shard_header
 from .errors import DestinationError, QuantizeError
+from .jsonfile import read_json_or_none
 
 CHECKSUMS = ".quantize-checksums"
 # The options recorded and compared, with the flag that sets each (for the message).
@@ -53,21 +54,13 @@ def finished_dst(dst: str | None) -> bool:
     return not os.path.isdir(partial) and os.path.isfile(os.path.join(path, "hf_quant_config.json"))
 
 
-def _load(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
 def check_finished(dst: str, plan, record: dict, docs: tuple[dict, dict]) -> int:
     """Confirm that DST is exactly what this run (`record`, config `docs`) would write.
 
     Returns the number of task checksums verified (0 when the checksums file is gone). Raises
     :class:`DestinationError` naming the difference: an option, the source, or damaged files.
     """
-    sums = _load(os.path.join(dst, CHECKSUMS))
+    sums = read_json_or_none(os.path.join(dst, CHECKSUMS))
     run = sums.get("run") if isinstance(sums, dict) else None
     if isinstance(run, dict) and isinstance(run.get("options"), dict):
         for key, flag in RECORDED.items():
@@ -118,7 +111,7 @@ def _first_difference(got, want, path: str = "") -> str:
 
 def _check_configs(dst: str, docs: tuple[dict, dict]) -> None:
     for name, want in zip(("hf_quant_config.json", "config.json"), docs):
-        got = _load(os.path.join(dst, name))
+        got = read_json_or_none(os.path.join(dst, name))
         if got is None:
             raise QuantizeError(f"its {name} is missing or not JSON")
         if got != want:
@@ -143,7 +136,7 @@ def _check_shards(dst: str, plan) -> list[int]:
             raise QuantizeError(f"its shard {name} has another header or size than this run writes")
         starts.append(len(header))
     if len(plan.shard_names) > 1:
-        doc = _load(os.path.join(dst, "model.safetensors.index.json"))
+        doc = read_json_or_none(os.path.join(dst, "model.safetensors.index.json"))
         want = {n: plan.shard_names[o.shard] for n, o in plan.outputs.items()}
         if not isinstance(doc, dict) or doc.get("weight_map") != want:
             raise QuantizeError("its model.safetensors.index.json is missing or does not map the planned tensors to the planned shards")

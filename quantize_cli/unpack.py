@@ -21,10 +21,11 @@ from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_d
 from .checkpoint.writer import ShardWriter
 from .errors import SourceError
 from .experts import expert_names
+from .jsonfile import JsonFileError, load_json, read_json_or_none
 from .packing import ACT_DTYPES, unstack
 from .plan import OutTensor, _assign_shards, parse_size
 from .recipe import recipe_of_output
-from .schemes import SCHEMES
+from .schemes import scheme_for_quant_algo
 
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
@@ -37,12 +38,12 @@ def _layout_record(folder: str) -> tuple[dict, dict, dict]:
         raise SourceError(f"{folder}: a compressed-tensors checkpoint has no packed layout (the format is always plain); "
                           "nothing to unpack: load or verify it as it is")
     try:
-        with open(os.path.join(folder, "hf_quant_config.json")) as f:
-            nested = json.load(f)
-        with open(os.path.join(folder, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{folder}: cannot read hf_quant_config.json / config.json ({exc}); is it a quantize output?") from exc
+        nested = load_json(os.path.join(folder, "hf_quant_config.json"), "hf_quant_config.json", fix="is it a quantize output?",
+                           missing="is it a quantize output?")
+        config = load_json(os.path.join(folder, "config.json"), "config.json", fix="is it a quantize output?",
+                           missing="is it a quantize output?")
+    except JsonFileError as exc:
+        raise SourceError(exc.message) from None
     record = (nested.get("converter") or {}).get("layout")
     if not isinstance(record, dict) or record.get("name") in (None, "plain"):
         raise SourceError(f"{folder}: no packed layout is recorded in hf_quant_config.json; it is already a plain checkpoint")
@@ -50,12 +51,7 @@ def _layout_record(folder: str) -> tuple[dict, dict, dict]:
 
 
 def _read_config(folder: str) -> dict | None:
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        return None
+    return read_json_or_none(os.path.join(folder, "config.json"))
 
 
 def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
@@ -64,7 +60,7 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     nested, config, record = _layout_record(src)
     layout = layouts.Layout(record["name"])
     sfx = layouts.suffix(layout)
-    scheme = next(s for s in SCHEMES.values() if s.quant_algo == nested["quantization"]["quant_algo"])
+    scheme = scheme_for_quant_algo(nested["quantization"]["quant_algo"])
     act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), torch.bfloat16)
     names = expert_names(recipe_of_output(nested, config.get("model_type"), os.path.join(src, "hf_quant_config.json")))
     shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))

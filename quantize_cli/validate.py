@@ -2,19 +2,43 @@
 
 One implementation serves ``convert`` (which refuses on errors before reading a tensor) and
 ``check`` (which reports errors and warnings). A finding is an *error* when the output would not
-load or would compute wrong (untakeable shape, also per tensor-parallel part; a partial fused
-group or partial MoE-layer exclusion; an expert format vLLM's MoE path cannot serve; an
-exclude list vLLM would misread), a *warning* when it loads but deserves a look.
+load or would compute wrong, a *warning* when it loads but deserves a look. Its ``code`` is the
+rule's stable id; code branches on it, never on the message (the messages are for people).
+
+Other modules compute facts and return them as :class:`problems.Problem` (rule id, subject,
+message): experts.py (fused expert tensors that do not split), exclusions.py and
+formats/exclusions.py (lists vLLM would misread), formats/block_shapes.py (compressed-tensors
+FP8 block rows vLLM cannot split, rule ``shape``), layouts/ (what a kernel layout takes); this
+module decides their level. Tensor-parallel splits are facts of parallel.py. The rules, by code:
+
+    error    shape                 untakeable weight shape or dtype, also per tensor-parallel part
+    error    fused-partial         a fused group (q/k/v, gate/up) only partly excluded
+    error    moe-partial           an MoE layer's experts only partly excluded
+    error    moe-format            experts in a format vLLM's ModelOpt MoE path does not serve
+    error    exclude-misread       vLLM would read exclude_modules / ignore otherwise (Problem)
+    error    expert-layout         a fused 3-D expert tensor undeclared or unsplittable (Problem)
+    error    layout                --layout refused: no activation dtype, no kernel, bad shape
+    error    name-clash            a source tensor named like an output the conversion writes
+    warning  layout-plain          --layout moves no bytes for this algorithm: written plain
+    warning  source, uncalibrated, int8-vllm, pattern-unmatched, nothing-quantized
+
+Rooms with rules of their own, collected into the same findings: mixed.py (``--algo-for``:
+algo-split, mixed-unserved, mixed-moe-unserved), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
+experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, pattern-substring).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .algorithms import is_expert_linear, is_experts_prefix
 from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
 from .formats.exclusions import ct_misread, is_ct
+from .formats.block_shapes import block_n_problems
+from .parallel import parallel_style, partition_shape
+from .problems import LAYOUT_NO_BYTES_MOVE, Problem
 from .schemes import Scheme
 
 ERROR, WARNING = "error", "warning"
@@ -31,6 +55,11 @@ class Finding:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def of(cls, level: str, problem: Problem) -> "Finding":
+        """The finding for a :class:`Problem` computed elsewhere, at the `level` this module decides."""
+        return cls(level, problem.rule, problem.subject, problem.message)
 
 
 class FindingsResult:
@@ -63,7 +92,7 @@ def moe_layers(mods: dict[str, Module]) -> dict[str, list[Module]]:
     """vLLM FusedMoE prefix (``...mlp.experts``) -> its per-expert Linears."""
     layers: dict[str, list[Module]] = {}
     for m in mods.values():
-        if m.kind == LINEAR and m.vllm_prefix.endswith("experts") and m.vllm_prefix != m.name:
+        if m.kind == LINEAR and is_expert_linear(m.name, m.vllm_prefix):
             layers.setdefault(m.vllm_prefix, []).append(m)
     return layers
 
@@ -85,35 +114,6 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme, check_format: bool = T
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
             f"the source dtype, or choose --algo NVFP4 / W4A16_NVFP4 / FP8"))
     return out
-
-
-def parallel_style(mod: Module, recipe) -> str:
-    """How vLLM splits this Linear under tensor parallelism: ``column`` (N), ``row`` (K) or ``replicated``."""
-    last = mod.name.rpartition(".")[2]
-    par = recipe.parallel
-    if last in par.get("replicated", ()):
-        return "replicated"
-    if last in par.get("row", ()):
-        return "row"
-    return "column"
-
-
-def partition_shape(mod: Module, recipe, config: dict, tp: int) -> tuple[tuple[int, int] | None, str | None]:
-    """The ``[N, K]`` one tensor-parallel rank holds, or (None, why) when the dims do not split."""
-    n, k = mod.weight.shape  # type: ignore[union-attr]
-    style = parallel_style(mod, recipe)
-    if tp == 1 or style == "replicated":
-        return (n, k), None
-    last = mod.name.rpartition(".")[2]
-    kv_heads = config.get("num_key_value_heads")
-    heads = config.get("num_attention_heads")
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else None)
-    if style == "column" and last in ("k_proj", "v_proj") and kv_heads and head_dim and kv_heads < tp:
-        return (head_dim, k), None  # vLLM replicates KV heads when there are fewer than ranks
-    dim = n if style == "column" else k
-    if dim % tp:
-        return None, f"{'out' if style == 'column' else 'in'}-features {dim} do not split into {tp} {style}-parallel parts"
-    return ((n // tp, k) if style == "column" else (n, k // tp)), None
 
 
 def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict, tp: int,
@@ -173,12 +173,70 @@ def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entrie
     `schemes`: mixed precision, module -> scheme (the expert formats are then checked by mixed.py)."""
     findings = (fused_group_findings(groups) + moe_findings(mods, scheme, check_format=not schemes)
                 + shape_findings(mods, scheme, recipe, config, tp, schemes))
-    findings += block_n_findings(mods, groups, scheme, recipe, config, tp, schemes)  # compressed-tensors FP8_BLOCK only
+    findings += [Finding.of(ERROR, p) for p in block_n_problems(mods, groups, scheme, recipe, config, tp, schemes)]  # compressed-tensors FP8_BLOCK only
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
     misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
-    findings += [Finding(ERROR, "exclude-misread", p.split(":")[0], p) for p in misread(mods, entries, dict(recipe.fused))
-                 if p.split(":")[0] not in partial]
+    findings += [Finding.of(ERROR, p) for p in misread(mods, entries, dict(recipe.fused)) if p.subject not in partial]
     return findings + warning_findings(mods, scheme, exclude, source_warnings, schemes)
 
 
-from .formats.block_shapes import block_n_findings  # noqa: E402  (it imports this module's helpers)
+
+def problem_findings(problems: list[Problem]) -> list[Finding]:
+    """Errors for facts computed elsewhere that always refuse (fused expert tensors that do not split)."""
+    return [Finding.of(ERROR, p) for p in problems]
+
+
+def name_clash_finding(name: str) -> Finding:
+    return Finding(ERROR, "name-clash", name,
+        f"{name}: the source has a tensor of this name and the conversion also writes one; the checkpoint is "
+        "already (partly) quantized or mislabelled; remove that tensor or convert the original checkpoint")
+
+
+def layout_request(layout: str, algo: str, act_problem: str | None) -> tuple[Finding | None, bool]:
+    """--layout `layout` for `algo`: (its refusal or None, whether dense Linears are packed).
+
+    `act_problem`: why the activation dtype is unknown (config.json), or None. Where the dense
+    kernel reads the plain bytes (rule ``layout-no-bytes-move``, e.g. CUTLASS FP8) but its MoE
+    kernel has a layout of its own, dense Linears are written plain and MoE stacks packed."""
+    from . import layouts
+
+    if act_problem is not None:
+        return Finding(ERROR, "layout", layout, f"--layout {layout}: {act_problem}"), False
+    dense = layouts.support(layout, algo)
+    moe = layouts.support(layout, algo, moe=True)
+    if dense and (moe or dense.rule != LAYOUT_NO_BYTES_MOVE):
+        return Finding(ERROR, "layout", layout, f"--layout {layout} --algo {algo}: {dense.message}"), False
+    return None, dense is None
+
+
+def layout_plain_finding(layout: str, algo: str) -> Finding:
+    """The warning when --layout moves no bytes for `algo` and no MoE stack is packed either."""
+    from . import layouts
+
+    why = layouts.supported(layout, algo)
+    return Finding(WARNING, "layout-plain", layout, f"--layout {layout} --algo {algo}: {why}; writing the plain layout")
+
+
+def moe_roles_finding(container: str, names: dict[str, str], layout: str) -> Finding:
+    return Finding(ERROR, "layout", container, f"{container}: experts lack gate/up/down ({', '.join(names.values())}); "
+                   f"cannot stack them for --layout {layout}")
+
+
+def moe_stack_finding(container: str, eih: tuple[int, int, int], layout: str, why: str) -> Finding:
+    """An MoE layer of `eih` = (experts, intermediate, hidden) that `layout`'s stacks cannot take."""
+    count, i, h = eih
+    return Finding(ERROR, "layout", container, f"{container} (E={count}, I={i}, H={h}): --layout {layout}: {why}")
+
+
+def dense_layout_findings(mods: dict[str, Module], packing, stacks: dict) -> list[Finding]:
+    """Dense quantized Linears whose shape the packed layout cannot take (MoE experts are stacked instead)."""
+    out = []
+    for mod in mods.values():
+        if not packing.dense:
+            break
+        if mod.quantize and mod.vllm_prefix not in stacks and not is_experts_prefix(mod.vllm_prefix):
+            why = packing.dense_problem(mod.weight.shape)  # type: ignore[union-attr]
+            if why:
+                out.append(Finding(ERROR, "layout", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: --layout {packing.layout.value} --algo {packing.algo}: {why}; fix: --exclude {mod.vllm_prefix!r} or --layout plain"))  # type: ignore[union-attr]
+    return out
+

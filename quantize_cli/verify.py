@@ -11,7 +11,6 @@ flagging any under the algorithm's floor (error) or more than 6 dB below the che
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -24,9 +23,10 @@ from .checkpoint.source import regular_file_inside
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
 from .exclusions import verify_exclusions
+from .jsonfile import MISSING, JsonFileError, load_json, read_json_or_none
 from .mixed import LINEAR_SERVED, MIXED
 from .recipe import load_recipe, recipe_of_output
-from .schemes import SCHEMES, Scheme
+from .schemes import SCHEMES, Scheme, scheme_for_quant_algo as scheme_for
 from .validate import ERROR, WARNING, Finding, FindingsResult
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
@@ -80,20 +80,13 @@ def _load_json(path: str, res: VerifyResult, what: str) -> dict | None:
         res.add(ERROR, "bad-file", what, exc.message)
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        if isinstance(doc, dict):
-            return doc
-        res.add(ERROR, "bad-file", what, f"{path}: must be a JSON object, got {type(doc).__name__}; a loader cannot read it")
-    except FileNotFoundError:
-        res.add(ERROR, "missing-file", what, f"{path}: missing; a ModelOpt checkpoint needs {what}")
-    except (OSError, ValueError) as exc:
-        res.add(ERROR, "bad-file", what, f"{path}: unreadable or not JSON ({exc})")
+        return load_json(path, what, fix="a loader cannot read it")
+    except JsonFileError as exc:
+        if exc.rule == MISSING:
+            res.add(ERROR, "missing-file", what, f"{path}: missing; a ModelOpt checkpoint needs {what}")
+        else:
+            res.add(ERROR, "bad-file", what, exc.message)
     return None
-
-
-def scheme_for(quant_algo: str) -> Scheme | None:
-    return next((s for s in SCHEMES.values() if s.quant_algo.upper() == str(quant_algo).upper()), None)
 
 
 def _configs(path: str, res: VerifyResult) -> tuple[dict | None, dict | None]:
@@ -217,7 +210,7 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, ne
         if m.quantize:
             m.kind = LINEAR
     for p in [] if mixed else verify_exclusions(mods, exclude, dict(recipe.fused)):
-        res.add(ERROR, "exclusions", p.split(":")[0], p)
+        res.add(ERROR, "exclusions", p.subject, p.message)
     return mods, recipe
 
 
@@ -323,12 +316,8 @@ def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bo
     from .formats import COMPRESSED_TENSORS, detect_format
     from .formats.ct_verify import verify_ct
 
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
-    if not isinstance(config, dict) or detect_format(config) != COMPRESSED_TENSORS:
+    config = read_json_or_none(os.path.join(path, "config.json"))
+    if config is None or detect_format(config) != COMPRESSED_TENSORS:
         return False
     verify_ct(path, config, res, source)
     return True

@@ -139,6 +139,18 @@ def test_help_imports_neither_triton_nor_torch():
     assert r.returncode == 0 and "convert" in r.stdout
 
 
+def test_convert_help_runs_without_torch_and_lists_every_algorithm():
+    """--help parses the algorithm list from algorithms.py (torch-free), in a fresh process."""
+    code = ("import sys\nfrom quantize_cli.cli import main\n"
+            "try:\n    main(['convert', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "print('torch' in sys.modules, 'triton' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stderr.split() == ["False", "False"]
+    from quantize_cli.algorithms import ALGOS
+
+    assert all(a in r.stdout for a in ALGOS)
+
+
 def test_unwritable_report_path_fails_first(tiny_llama, tmp_path):
     r = invoke("convert", tiny_llama, "-o", tmp_path / "out", "--algo", "FP8", "--report", tmp_path / "no" / "r.json")
     assert r.exit_code == 2 and "--report" in r.output

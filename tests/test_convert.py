@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from quantize_cli.algorithms import ALGOS as ALL_ALGOS
 from quantize_cli.api import convert
 from quantize_cli.checkpoint.safetensors_io import st_dtype
 from quantize_cli.example import llama_config, llama_tensors
@@ -15,7 +16,7 @@ from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
 from tests.conftest import assert_same_bytes, load_all, golden_checkpoint
 
-ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"]
+ALGOS = list(ALL_ALGOS)
 
 
 def run(src, dst, algo, **kw):

@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from quantize_cli.algorithms import ALGOS
 from quantize_cli.api import convert
 from quantize_cli.cli import main
 from quantize_cli.verify import verify_checkpoint
@@ -46,7 +47,7 @@ def codes(res):
     return {f.code for f in res.errors}
 
 
-@pytest.mark.parametrize("algo", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_our_outputs_pass_with_source_errors(converted, tiny_llama, algo):
     res = verify_checkpoint(converted(algo), tiny_llama)
     assert not res.errors, [f.message for f in res.errors]

@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..checkpoint.safetensors_io import TensorInfo
-from ..errors import CalibrationError, UsageError
+from ..errors import CalibrationError
+from ..jsonfile import MISSING, NOT_OBJECT, JsonFileError, load_json
 
 FORMAT = "quantize-act-scales"
 VERSION = 1
@@ -68,13 +69,13 @@ def _bad(path: str, what: str) -> CalibrationError:
 def load(path: str) -> ScalesDoc:
     """Read and validate a SCALES.json; every problem is a one-line error naming the file and entry."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(256 << 20)
-        doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float(c))
-    except FileNotFoundError:
-        raise CalibrationError(f"--act-scales {path}: no such file; pass the file `quantize calibrate` wrote") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"not valid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+        doc = load_json(path, "SCALES.json", parse_constant=float, max_bytes=256 << 20)  # NaN / Infinity: refused per entry below
+    except JsonFileError as exc:
+        if exc.rule == MISSING:
+            raise CalibrationError(f"--act-scales {path}: no such file; pass the file `quantize calibrate` wrote") from None
+        if exc.rule != NOT_OBJECT:
+            raise _bad(path, exc.reason.removeprefix("is ")) from None
+        doc = None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise _bad(path, f"not a {FORMAT} document (no \"format\": \"{FORMAT}\")")
     if doc.get("version") != VERSION:

@@ -11,6 +11,7 @@ import json
 import os
 
 from .. import __version__
+from ..algorithms import MIXED_PRECISION
 from ..schemes import Scheme
 
 MODELOPT_VERSION = "0.47.0"  # the ModelOpt release whose export format we reproduce
@@ -73,17 +74,17 @@ def flat_quantization_config(nested: dict) -> dict:
     Key order: config_groups (FP8 / NVFP4 / W4A16_NVFP4 only), ignore, quant_algo,
     kv_cache_scheme (only when the KV cache is quantized), producer, quant_method.
     """
-    from ..schemes import SCHEMES
+    from ..schemes import scheme_for_quant_algo
 
     q = nested["quantization"]
     out: dict = {}
-    if q["quant_algo"] == "MIXED_PRECISION":
+    if q["quant_algo"] == MIXED_PRECISION:
         from ..mixed import config_groups as mixed_groups
 
         out["config_groups"] = mixed_groups(q["quantized_layers"])
         out["quantized_layers"] = {k: dict(v) for k, v in q["quantized_layers"].items()}
     else:
-        groups = config_groups(next(s for s in SCHEMES.values() if s.quant_algo == q["quant_algo"]))
+        groups = config_groups(scheme_for_quant_algo(q["quant_algo"]))
         if groups:
             out["config_groups"] = groups
     out["ignore"] = list(q.get("exclude_modules", []))

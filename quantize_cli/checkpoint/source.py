@@ -8,12 +8,13 @@ once, and an already-quantized checkpoint is refused. Tensor data is never touch
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 
 from ..errors import SourceError
+from ..jsonfile import JsonFileError, first_line, load_json
+from ..repo_id import is_repo_id
 from .safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -24,10 +25,8 @@ _NOT_SIDECARS = re.compile(
     r"|.*\.(bin|pt|pth|ckpt|pkl|pickle|msgpack|h5|gguf|onnx|ot|npy|npz|joblib|tflite|keras)|\..*)$"
 )
 # config.json and the index are read whole; anything larger is not a checkpoint's JSON.
-MAX_JSON_BYTES = 64 * 1024 * 1024
 # Patterns fetched from the Hub: weights, index, configs, tokenizer and other small sidecars.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py", "*.md"]
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
         return os.path.abspath(src), False
     if os.path.exists(src):
         raise SourceError(f"{src}: is a file; SRC must be a checkpoint folder or a Hub repo id (owner/name)")
-    if src.startswith((".", "/", "~")) or not _REPO_ID.match(src):
+    if src.startswith((".", "/", "~")) or not is_repo_id(src, owner_required=False):
         raise SourceError(f"{src}: no such folder, and not a Hub repo id (owner/name); check the path")
     return _download(src, revision, quiet), True
 
@@ -78,14 +77,7 @@ def _download(repo_id: str, revision: str | None, quiet: bool) -> str:
     except Exception as exc:  # hub errors come in many types; all mean "cannot get SRC"
         kind = type(exc).__name__
         hint = "check the repo id, your token (HF_TOKEN) and network, or use HF_HUB_OFFLINE=1 with a cached copy"
-        raise SourceError(f"{repo_id}: cannot fetch from the Hugging Face Hub ({kind}: {_first_line(exc)}); {hint}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    if "integer string conversion" in str(exc):  # Python's advice (set_int_max_str_digits) is not the user's fix
-        return "an integer with thousands of digits"
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
+        raise SourceError(f"{repo_id}: cannot fetch from the Hugging Face Hub ({kind}: {first_line(exc)}); {hint}") from exc
 
 
 def _short(value: object, limit: int = 120) -> str:
@@ -168,27 +160,10 @@ def _no_conflicting_keys(path: str):
 def _load_json(path: str, what: str, hook=None) -> dict:
     if os.path.lexists(path):  # config.json / the index: a link out of SRC is refused like a shard's
         _inside(os.path.dirname(path), os.path.basename(path), os.path.dirname(path))
-    if not os.path.lexists(path):
-        raise SourceError(f"{path}: {what} is missing; a Hugging Face checkpoint needs it")
-    if not os.path.isfile(path):  # a folder, a FIFO (open() would block), a dangling link
-        raise SourceError(f"{path}: {what} is not a regular file; replace it with the real file")
-    size = os.path.getsize(path)
-    if size > MAX_JSON_BYTES:
-        raise SourceError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON can be; fix or re-download it")
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f, object_pairs_hook=hook)
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start}); fix or re-download it") from exc
-    except RecursionError:
-        raise SourceError(f"{path}: {what} is nested too deeply to be valid; fix or re-download it") from None
-    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-        raise SourceError(f"{path}: {what} is not valid JSON ({_first_line(exc)}); fix or re-download it") from exc
-    except OSError as exc:
-        raise SourceError(f"{path}: cannot read {what} ({exc.strerror}); check permissions") from exc
-    if not isinstance(doc, dict):
-        raise SourceError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}; fix or re-download it")
-    return doc
+        return load_json(path, what, hook=hook)
+    except JsonFileError as exc:
+        raise SourceError(exc.message) from None
 
 
 # config.json keys the converter reads, with the JSON types they must have when present.

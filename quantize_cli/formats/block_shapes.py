@@ -8,7 +8,8 @@ Linear or the last member may end in a partial block (llm-compressor pads it wit
 
 from __future__ import annotations
 
-from ..validate import ERROR, Finding, parallel_style, partition_shape
+from ..parallel import parallel_style, partition_shape
+from ..problems import Problem
 from .ct_schemes import BLOCK, CtFp8
 
 
@@ -16,8 +17,8 @@ def _is_block(scheme) -> bool:
     return isinstance(scheme, CtFp8) and scheme.granularity == "block"
 
 
-def block_n_findings(mods, groups, scheme, recipe, config: dict, tp: int, schemes=None) -> list[Finding]:
-    """Errors for out-features vLLM's block loader cannot split (none for other schemes).
+def block_n_problems(mods, groups, scheme, recipe, config: dict, tp: int, schemes=None) -> list[Problem]:
+    """Out-features vLLM's block loader cannot split (rule ``shape``; none for other schemes).
 
     `schemes`: mixed precision, module -> its scheme (`scheme` for the others)."""
     schemes = schemes or {}
@@ -33,7 +34,7 @@ def block_n_findings(mods, groups, scheme, recipe, config: dict, tp: int, scheme
         n = part[0] if part else mod.weight.shape[0]
         if (mod.name in not_last or split) and n % BLOCK:
             why = f"--tp {tp} column-parallel part" if split else f"a member of fused {mod.vllm_prefix} other than the last"
-            out.append(Finding(ERROR, "shape", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: FP8_BLOCK needs out-features "
+            out.append(Problem("shape", mod.name, f"{mod.weight.name} {list(mod.weight.shape)}: FP8_BLOCK needs out-features "
                                f"in multiples of {BLOCK} for {why} (vLLM validate_fp8_block_shape), got {n}; "
                                f"fix: --exclude {mod.vllm_prefix!r}, or choose another --algo"))
     return out

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..schemes.base import Scheme, Spec
-from ..schemes.numerics import E2M1_MAX, E4M3_MAX, NVFP4_GROUP, e2m1_values, pack_nibbles, unpack_nibbles
+from ..schemes.base import Scheme, Spec, k_group_problem
+from ..schemes.numerics import E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP, e2m1_values, pack_nibbles, unpack_nibbles
 from .static_scales import static_input_value
 
-BLOCK = 128
+BLOCK = FP8_BLOCK
 INT8_HALF_RANGE = 127.5  # compressed-tensors: (qmax - qmin) / 2 = (127 - -128) / 2
 NVFP4_ZERO_SCALE = 0.125  # compressed-tensors replaces a zero e4m3 group scale by e4m3's eps
 _ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -103,10 +103,10 @@ class CtFp8(CtScheme):
 
     def shape_problem(self, shape):
         problem = super().shape_problem(shape)
-        if problem is None and self.granularity == "block" and shape[1] % BLOCK:
+        if problem is None and self.granularity == "block":
             # vLLM needs K in 128-multiples per row-parallel part; llm-compressor 0.14 crashes on other K.
-            # Out-features may be ragged (the last block is partial) except where block_n_findings says.
-            problem = f"needs in-features (dim 1) divisible by {BLOCK} for 128x128 blocks, got {list(shape)}"
+            # Out-features may be ragged (the last block is partial) except where block_n_problems says.
+            problem = k_group_problem(shape, BLOCK, "128x128 blocks")
         return problem
 
     def outputs(self, shape):
@@ -182,10 +182,7 @@ class CtNvfp4(CtScheme):
     """NVFP4 (``input_global_scale`` when static) and NVFP4A16: packed E2M1, e4m3 group scales."""
 
     def shape_problem(self, shape):
-        problem = super().shape_problem(shape)
-        if problem is None and shape[1] % NVFP4_GROUP:
-            problem = f"needs in-features (dim 1) divisible by {NVFP4_GROUP} for NVFP4 groups, got {list(shape)}"
-        return problem
+        return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")
 
     def outputs(self, shape):
         n, k = shape

@@ -160,4 +160,4 @@ def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> N
         if m.quantize:
             m.kind = LINEAR
     for p in ct_misread(mods, ignore, dict(recipe.fused)):
-        res.add(ERROR, "exclusions", p.split(":")[0], p)
+        res.add(ERROR, "exclusions", p.subject, p.message)

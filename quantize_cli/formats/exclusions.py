@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
+from ..algorithms import is_experts_prefix
 from ..classify import LINEAR, ROUTER, Module
+from ..problems import EXCLUDE_MISREAD, Problem
 
 
 def is_ct(scheme) -> bool:
@@ -59,24 +61,24 @@ def ct_is_ignored(prefix: str, ignore: list[str], packed: Mapping[str, Iterable[
     return all(flags)
 
 
-def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, Iterable[str]]) -> list[str]:
-    """Problems (one line each) where vLLM would read `ignore` differently from the plan."""
+def ct_misread(mods: dict[str, Module], ignore: list[str], packed: Mapping[str, Iterable[str]]) -> list[Problem]:
+    """Where vLLM would read `ignore` differently from the plan (rule ``exclude-misread``, subject: the prefix)."""
     problems, seen = [], set()
     for mod in mods.values():
         if mod.kind not in (LINEAR, ROUTER):
             continue
         # vLLM asks for the fused prefix once; a MoE layer by its expert-0 names (one per expert here)
-        prefix = mod.name if mod.vllm_prefix.endswith("experts") else mod.vllm_prefix
+        prefix = mod.name if is_experts_prefix(mod.vllm_prefix) else mod.vllm_prefix
         if prefix in seen:
             continue
         seen.add(prefix)
         try:
             ignored = ct_is_ignored(prefix, ignore, packed)
         except ValueError as exc:
-            problems.append(f"{prefix}: {exc}")
+            problems.append(Problem(EXCLUDE_MISREAD, prefix, f"{prefix}: {exc}"))
             continue
         if ignored == mod.quantize:
             state = "quantized" if mod.quantize else "kept unquantized"
-            problems.append(f"{prefix}: {state}, but vLLM's compressed-tensors loader would read ignore as the opposite; "
-                            f"exclude or keep the whole module consistently")
+            problems.append(Problem(EXCLUDE_MISREAD, prefix, f"{prefix}: {state}, but vLLM's compressed-tensors loader would "
+                                    f"read ignore as the opposite; exclude or keep the whole module consistently"))
     return problems

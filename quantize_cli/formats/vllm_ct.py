@@ -9,6 +9,7 @@ we write in this format has a Linear and a MoE path, so every mix of them is ser
 
 from __future__ import annotations
 
+from ..algorithms import is_expert_linear, is_experts_prefix
 from ..classify import LINEAR, ROUTER
 from .exclusions import ct_is_ignored, is_ct
 
@@ -41,9 +42,9 @@ def vllm_schemes(plan) -> dict[str, str]:
         if prefix in out:
             continue
         linear, static, moe = VLLM_CT[plan.scheme_of(m.name).algo]  # mixed precision: the module's own group
-        name = m.name if prefix.endswith("experts") else prefix
+        name = m.name if is_experts_prefix(prefix) else prefix
         ignored = ct_is_ignored(name, plan.exclude_modules, packed)
-        if prefix.endswith("experts") and prefix != m.name:
+        if is_expert_linear(m.name, prefix):
             out[prefix] = "UnquantizedFusedMoEMethod" if ignored else moe
         else:
             out[prefix] = "unquantized" if ignored else linear if static is None else f"{linear}(static_input={static})"

@@ -15,10 +15,11 @@ from enum import Enum
 
 import torch
 
+from ..algorithms import ALGOS
+from ..problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
 from ..schemes import SCHEMES, get_scheme
 from . import cutlass, flashinfer, marlin
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 VLLM = "vllm 0.33.0"
 FLASHINFER = "flashinfer 0.7.2"
 
@@ -77,41 +78,51 @@ _W4A16_ONLY = (
 
 def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
     """None if (`layout`, `algo`) can be pre-packed (dense Linear, or MoE expert stacks with
-    ``moe=True``), else the reason."""
+    ``moe=True``), else the reason (:func:`support` gives it with its rule id)."""
+    problem = support(layout, algo, moe)
+    return problem.message if problem else None
+
+
+def support(layout: Layout | str, algo: str, moe: bool = False) -> Problem | None:
+    """None if (`layout`, `algo`) can be pre-packed, else why: rule ``layout-no-bytes-move`` where
+    the kernel reads the plain bytes (nothing to pre-pack), ``layout-unsupported`` otherwise."""
     layout, algo = _layout(layout), _algo(algo)
+    subject = f"{layout.value}/{algo}"
+
+    def no(message: str, rule: str = LAYOUT_UNSUPPORTED) -> Problem:
+        return Problem(rule, subject, message)
+
     if layout is Layout.PLAIN:
         return None
     if algo == "MXFP8":
-        return None if layout is Layout.MARLIN else _MXFP8_BLACKWELL  # Marlin: dense and MoE stacks
+        return None if layout is Layout.MARLIN else no(_MXFP8_BLACKWELL)  # Marlin: dense and MoE stacks
     if moe:
         if layout is Layout.MARLIN:
-            return "Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); use --layout plain"
+            return no("Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); use --layout plain")
         if algo in ("FP8", "NVFP4", "FP8_PB_WO"):
             return None
         if algo == "W4A16_NVFP4":
-            return _W4A16_ONLY
-        return f"vLLM 0.33.0 has no {layout.value} MoE kernel for {algo}"
+            return no(_W4A16_ONLY)
+        return no(f"vLLM 0.33.0 has no {layout.value} MoE kernel for {algo}")
     if layout is Layout.MARLIN:
         return None  # every algo is weight-only or has a W8A16 Marlin path (INT8 = ModelOpt W8A16)
     if algo == "NVFP4":
         return None
     if algo == "W4A16_NVFP4":
-        return _W4A16_ONLY
+        return no(_W4A16_ONLY)
     if layout is Layout.CUTLASS:
-        return cutlass.NO_BYTES_MOVE[algo]
+        return no(cutlass.NO_BYTES_MOVE[algo], LAYOUT_NO_BYTES_MOVE)
     if algo == "FP8":
-        return (
+        return no(
             "no bytes move: FlashInfer's dense FP8 GEMM (bmm_fp8) reads the same weight.t() view "
-            "and fp32 scalars as CUTLASS; write --layout plain"
-        )
+            "and fp32 scalars as CUTLASS; write --layout plain", LAYOUT_NO_BYTES_MOVE)
     if algo == "FP8_PB_WO":
-        return (
+        return no(
             "no bytes move: FlashInfer's SM90 block-FP8 GEMM takes the plain [N, K] weight and "
-            "[N/128, K/128] scales (after DeepGEMM's arch-dependent requant); write --layout plain"
-        )
+            "[N/128, K/128] scales (after DeepGEMM's arch-dependent requant); write --layout plain", LAYOUT_NO_BYTES_MOVE)
     if algo == "INT8":
-        return "FlashInfer has no INT8 GEMM in vLLM 0.33.0"
-    return (
+        return no("FlashInfer has no INT8 GEMM in vLLM 0.33.0")
+    return no(
         "FlashInfer's dense FP8 GEMM takes per-tensor weight and activation scales only; per-channel FP8 "
         "runs on CUTLASS, where no bytes move; write --layout plain"
     )
@@ -328,6 +339,6 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
 
 
 __all__ = [
-    "ALGOS", "Layout", "supported", "shape_problem", "packed_specs", "pack", "unpack", "dequantize",
+    "ALGOS", "Layout", "supported", "support", "shape_problem", "packed_specs", "pack", "unpack", "dequantize",
     "moe_shape_problem", "moe_packed_specs", "pack_moe", "unpack_moe", "layout_metadata", "suffix",
 ]

@@ -25,11 +25,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..algorithms import NVFP4_GROUP
 from ..schemes.numerics import e2m1_values, unpack_nibbles
 
 SUFFIX = "_cutlass"
 WEIGHT_ALIGN = 32  # rows and K elements
-NVFP4_GROUP = 16
 
 NO_BYTES_MOVE = {
     "FP8": "no bytes move: vLLM 0.33.0's CUTLASS FP8 GEMM reads weight.t(), a view of the plain [N, K] "

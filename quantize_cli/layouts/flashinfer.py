@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import torch
 
+from ..algorithms import FP8_BLOCK, NVFP4_GROUP
 from ..schemes.numerics import e2m1_values, unpack_nibbles
 from .cutlass import swizzle_128x4, swizzled_shape, unswizzle_128x4
 
-NVFP4_GROUP = 16
-FP8_BLOCK = 128
 BLOCK_SCALE_MIN = 1e-10  # FlashInfer CUTLASS block-FP8 MoE: dead-block scales clamped (NaN otherwise)
 DENSE_TILE = 32  # epilogue_tile_m 128
 

@@ -41,13 +41,11 @@ import torch
 import torch.nn.functional as F
 
 from ..schemes.mxfp8 import e8m0_to_float
+from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
 from ..schemes.numerics import unpack_nibbles
 
 SUFFIX = "_marlin"
 TILE_K, TILE_N = 16, 64
-FP8_BLOCK = 128
-NVFP4_GROUP = 16
-MX_GROUP = 32
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 # Exponent-bias factors (spec §1.4): 2^(2^(e-1) - 2^3) for FP8, 2^(2^(e-1) - 2^1 - 7) for NVFP4.
 FP8_BIAS = {torch.bfloat16: 2.0**120, torch.float16: 2.0**8}
@@ -71,7 +69,7 @@ def _bits(algo: str) -> int:
 
 def group_size(algo: str) -> int:
     """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks), 16 (NVFP4) or 32 (MXFP8)."""
-    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_GROUP}.get(algo, -1)
+    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_BLOCK}.get(algo, -1)
 
 
 def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:
@@ -213,8 +211,8 @@ def mxfp8_scales(ws: torch.Tensor, n: int, np_: int, kp: int) -> torch.Tensor:
     ``prepare_mxfp8_layer_for_marlin``): transposed, zero-padded (byte 0), the grouped (8x8)
     permutation, then in runs of 4 entries ``[0, 2, 1, 3]`` (``mxfp8_marlin_process_scales``).
     vLLM goes through bf16 and back, which is exact for every power of two: a byte permutation."""
-    s = F.pad(ws.view(torch.uint8).T, (0, np_ - n, 0, kp // MX_GROUP - ws.shape[1]))
-    s = permute_scales(s, _grouped(MX_GROUP, kp))
+    s = F.pad(ws.view(torch.uint8).T, (0, np_ - n, 0, kp // MX_BLOCK - ws.shape[1]))
+    s = permute_scales(s, _grouped(MX_BLOCK, kp))
     return s.reshape(-1, 2, 2).transpose(1, 2).reshape(s.shape).contiguous()
 
 
@@ -222,7 +220,7 @@ def decode_mxfp8_scales(b: torch.Tensor, kp: int) -> torch.Tensor:
     """Inverse of :func:`mxfp8_scales` up to the padding: uint8 ``[Kp/32, Np]`` in plain order."""
     s = b.view(torch.uint8)
     s = s.reshape(-1, 2, 2).transpose(1, 2).reshape(s.shape)
-    return unpermute_scales(s, _grouped(MX_GROUP, kp))
+    return unpermute_scales(s, _grouped(MX_BLOCK, kp))
 
 
 def decode_nvfp4_scales(b: torch.Tensor, kp: int) -> torch.Tensor:
@@ -252,7 +250,7 @@ def specs(algo: str, shape: tuple[int, int], act: torch.dtype) -> dict[str, tupl
         out["weight_scale" + SUFFIX] = ("F8_E4M3", (kp // NVFP4_GROUP, np_))
         out["weight_global_scale" + SUFFIX] = ("F32", ())
     elif algo == "MXFP8":
-        out["weight_scale" + SUFFIX] = ("U8", (kp // MX_GROUP, np_))
+        out["weight_scale" + SUFFIX] = ("U8", (kp // MX_BLOCK, np_))
     else:
         g = kp // FP8_BLOCK if algo == "FP8_PB_WO" else 1
         out["weight_scale" + SUFFIX] = ("BF16" if act == torch.bfloat16 else "F16", (g, np_))
@@ -313,7 +311,7 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
     if algo == "MXFP8":  # exact values: e4m3 code x 2^(scale - 127) (the kernel's own bit tricks are not emulated)
         vals = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
         s = e8m0_to_float(decode_mxfp8_scales(packed["weight_scale" + SUFFIX], kp))
-        return vals * s.repeat_interleave(MX_GROUP, dim=0).T
+        return vals * s.repeat_interleave(MX_BLOCK, dim=0).T
     if algo == "INT8":
         vals = codes.float() - 128
     elif bits == 8:  # e4m3 s.eeee.mmm -> 16-bit float with the same exponent field, wrong bias
@@ -353,7 +351,7 @@ def moe_specs(algo: str, e: int, i: int, h: int) -> dict[str, dict]:
     """``{"w13": {name: (dtype, shape)}, "w2": {...}}``: per expert the dense MXFP8 Marlin tensors
     of w13 ``[2I, H]`` and w2 ``[H, I]``, stacked (no padding, see :func:`moe_shape_problem`)."""
     def one(n: int, k: int) -> dict:
-        return {"weight" + SUFFIX: ("I32", (e, k // 16, 4 * n)), "weight_scale" + SUFFIX: ("U8", (e, k // MX_GROUP, n))}
+        return {"weight" + SUFFIX: ("I32", (e, k // 16, 4 * n)), "weight_scale" + SUFFIX: ("U8", (e, k // MX_BLOCK, n))}
 
     return {"w13": one(2 * i, h), "w2": one(h, i)}
 

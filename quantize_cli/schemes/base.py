@@ -18,6 +18,13 @@ import torch
 Spec = tuple[str, tuple[int, ...]]  # (safetensors dtype, shape)
 
 
+def k_group_problem(shape: tuple[int, ...], group: int, what: str) -> str | None:
+    """The rule of formats with scales along K: in-features must divide into `group`s (`what` names them)."""
+    if shape[1] % group:
+        return f"needs in-features (dim 1) divisible by {group} for {what}, got {list(shape)}"
+    return None
+
+
 @dataclass(frozen=True)
 class Scheme:
     """One quantization algorithm.

@@ -1,5 +1,8 @@
 """FP8 e4m3 reference: per-tensor, per-row and 128x128-block scales (design §4.1, spec §2.1-2.3).
 
+One routine, :func:`quantize_blocks`, serves all three: they are the same "amax over a block ->
+scale" with blocks of ``(N, K)``, ``(1, K)`` and ``(128, 128)`` (torchao's granularity idea).
+
     scale = amax / 448 over the group (an all-zero group gets 1.0), fp32
     q     = e4m3(clamp(w_fp32 / scale, -448, 448))          fp32 divide, then one rounding
 
@@ -16,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from .base import Scheme, Spec
-from .numerics import E4M3_MAX, block_amax, expand_blocks, scale_from_amax
+from .numerics import E4M3_MAX, FP8_BLOCK, block_amax, expand_blocks, scale_from_amax
 
-BLOCK = 128
+BLOCK = FP8_BLOCK
 
 
 def fp8_cast(x: torch.Tensor) -> torch.Tensor:
@@ -31,6 +34,30 @@ def _fp32(w: torch.Tensor) -> torch.Tensor:
     return w.float() if w.dtype != torch.float32 else w.clone()
 
 
+def block_shape(granularity: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """The ``(bn, bk)`` block one scale covers: ``tensor`` ``(N, K)``, ``channel`` ``(1, K)``, ``block`` 128 x 128."""
+    n, k = shape
+    return {"tensor": (max(n, 1), max(k, 1)), "channel": (1, max(k, 1)), "block": (BLOCK, BLOCK)}[granularity]
+
+
+def quantize_blocks(w: torch.Tensor, block: tuple[int, int], amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one FP8 scale routine: amax over each `block` of `w` ``[N, K]`` -> fp32 scale ``[nb, kb]``
+    (amax / 448, an all-zero block 1.0) -> e4m3 ``w / scale`` (fp32 divide, one rounding).
+
+    `amax`: ``[nb, kb]`` (or 0-d for one block) overriding max |w|, e.g. a fused group's shared
+    per-tensor amax. Per tensor, per row and 128 x 128 blocks differ only in `block`
+    (:func:`block_shape`); the division is elementwise, so the bytes do not depend on the view.
+    """
+    n, k = w.shape
+    bn, bk = block
+    amax = block_amax(w, block) if amax is None else amax.float().to(w.device).reshape(-(-n // bn), -(-k // bk))
+    scale = scale_from_amax(amax, E4M3_MAX)  # [nb, kb]
+    if n % bn == 0 and k % bk == 0:  # broadcast over a 4-D view: no expanded scale copy
+        q = _fp32(w).reshape(n // bn, bn, k // bk, bk).div_(scale[:, None, :, None])
+        return fp8_cast(q).reshape(n, k), scale
+    return fp8_cast(_fp32(w).div_(expand_blocks(scale, block, (n, k)))), scale
+
+
 @dataclass(frozen=True)
 class Fp8PerTensor(Scheme):
     """``FP8``: one 0-d fp32 ``weight_scale``; static 0-d ``input_scale``."""
@@ -41,13 +68,9 @@ class Fp8PerTensor(Scheme):
         return out
 
     def quantize(self, w, global_amax=None):
-        amax = self.global_amax(w) if global_amax is None else global_amax.float().to(w.device)
-        scale = scale_from_amax(amax, E4M3_MAX)
-        return {
-            "weight": fp8_cast(_fp32(w).div_(scale)),
-            "weight_scale": scale,
-            "input_scale": self.input_scale_tensor,
-        }
+        amax = self.global_amax(w) if global_amax is None else global_amax
+        q, scale = quantize_blocks(w, block_shape("tensor", w.shape), amax)
+        return {"weight": q, "weight_scale": scale.reshape(()), "input_scale": self.input_scale_tensor}
 
     def dequantize(self, q):
         return q["weight"].float() * q["weight_scale"].to(q["weight"].device)
@@ -61,8 +84,8 @@ class Fp8PerChannel(Scheme):
         return {"weight": ("F8_E4M3", tuple(shape)), "weight_scale": ("F32", (shape[0],))}
 
     def quantize(self, w, global_amax=None):
-        scale = scale_from_amax(block_amax(w, (1, w.shape[1])), E4M3_MAX)  # [N, 1]
-        return {"weight": fp8_cast(_fp32(w).div_(scale)), "weight_scale": scale.reshape(-1)}
+        q, scale = quantize_blocks(w, block_shape("channel", w.shape))  # scale [N, 1]
+        return {"weight": q, "weight_scale": scale.reshape(-1)}
 
     def dequantize(self, q):
         return q["weight"].float() * q["weight_scale"][:, None]
@@ -83,13 +106,7 @@ class Fp8Block(Scheme):
         return {"weight": ("F8_E4M3", (n, k)), "weight_scale": ("F32", (-(-n // BLOCK), 1, -(-k // BLOCK), 1))}
 
     def quantize(self, w, global_amax=None):
-        scale = scale_from_amax(block_amax(w, (BLOCK, BLOCK)), E4M3_MAX)  # [nb, kb]
-        n, k = w.shape
-        if n % BLOCK == 0 and k % BLOCK == 0:  # broadcast over a 4-D view: no expanded scale copy
-            q = _fp32(w).reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK).div_(scale[:, None, :, None])
-            q = fp8_cast(q).reshape(n, k)
-        else:
-            q = fp8_cast(_fp32(w).div_(expand_blocks(scale, (BLOCK, BLOCK), (n, k))))
+        q, scale = quantize_blocks(w, block_shape("block", w.shape))  # scale [nb, kb]
         return {"weight": q, "weight_scale": scale[:, None, :, None].contiguous()}
 
     def dequantize(self, q):

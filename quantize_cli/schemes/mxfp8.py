@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Scheme, Spec
+from .base import Scheme, Spec, k_group_problem
 from .fp8 import _fp32, fp8_cast
-from .numerics import E4M3_MAX, block_amax, div_exact
+from .numerics import E4M3_MAX, MX_BLOCK, block_amax, div_exact
 
-MX_BLOCK = 32  # elements along K sharing one e8m0 scale
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 _TABLE_LO = -150  # smallest unbiased exponent of a positive fp32 (2^-149 = 2^-150 * (1 + 1))
@@ -105,10 +104,7 @@ class Mxfp8(Scheme):
     """``MXFP8``: e4m3 ``weight [N, K]`` and uint8 e8m0 ``weight_scale [N, K/32]``."""
 
     def shape_problem(self, shape):
-        problem = super().shape_problem(shape)
-        if problem is None and shape[1] % MX_BLOCK:
-            problem = f"needs in-features (dim 1) divisible by {MX_BLOCK} for MXFP8 blocks, got {list(shape)}"
-        return problem
+        return super().shape_problem(shape) or k_group_problem(shape, MX_BLOCK, "MXFP8 blocks")
 
     def outputs(self, shape):
         n, k = shape

@@ -10,11 +10,8 @@ import math
 
 import torch
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
-E2M1_MAX = 6.0  # largest E2M1 magnitude
-INT8_MAX = 127.0  # symmetric int8: scale = amax / 127, codes clamped to [-128, 127]
-NVFP4_GROUP = 16  # elements along K sharing one e4m3 scale
-NVFP4_SCALE_MIN = 2.0**-9  # block scales are clamped up to this (ModelOpt >= 0.45): no zero scales
+# The format constants live in algorithms.py (torch-free); re-exported here for the schemes.
+from ..algorithms import E2M1_MAX, E4M3_MAX, FP8_BLOCK, INT8_MAX, MX_BLOCK, NVFP4_GROUP, NVFP4_SCALE_MIN  # noqa: F401
 
 # Value of each E2M1 nibble: bit 3 is the sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Scheme, Spec
+from .base import Scheme, Spec, k_group_problem
 from .fp8 import _fp32
 from .numerics import (
     E2M1_MAX,
@@ -53,10 +53,7 @@ class Nvfp4(Scheme):
     """``NVFP4`` (static 0-d ``input_scale``) and ``W4A16_NVFP4`` (none): same weight tensors."""
 
     def shape_problem(self, shape):
-        problem = super().shape_problem(shape)
-        if problem is None and shape[1] % NVFP4_GROUP:
-            problem = f"needs in-features (dim 1) divisible by {NVFP4_GROUP} for NVFP4 groups, got {list(shape)}"
-        return problem
+        return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")
 
     def logical_shape(self, stored):
         return (stored[0], 2 * stored[1])  # two E2M1 codes per byte

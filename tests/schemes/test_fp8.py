@@ -88,3 +88,24 @@ def test_dequantized_error_is_small(algo):
     w = torch.randn(256, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
     s = SCHEMES[algo]
     assert sqnr_db(w.float(), s.dequantize(s.quantize(w))) > 25
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "channel", "block"])
+def test_one_scale_routine_by_block_shape(granularity):
+    """quantize_blocks: amax per block -> amax/448 -> e4m3(w / scale), also on edge blocks (200 x 96)."""
+    from quantize_cli.schemes.fp8 import block_shape, quantize_blocks
+
+    w = torch.randn(200, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    bn, bk = block_shape(granularity, tuple(w.shape))
+    q, scale = quantize_blocks(w, (bn, bk))
+    assert scale.shape == (-(-200 // bn), -(-96 // bk))
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            tile = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float()
+            s = tile.abs().max() / torch.tensor(448.0)
+            assert scale[i, j] == s
+            want = (tile / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+            assert torch.equal(q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].view(torch.uint8), want.view(torch.uint8))
+    if granularity == "tensor":  # a given (shared) amax replaces max |w|
+        _, s2 = quantize_blocks(w, (bn, bk), torch.tensor(896.0))
+        assert s2.item() == 2.0

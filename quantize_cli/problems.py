@@ -1,0 +1,26 @@
+"""A problem found by a rule, as data: which rule (a stable id), about what, and the one-line message.
+
+Modules that compute facts (experts.py, exclusions.py, layouts/, formats/exclusions.py) return
+:class:`Problem` s; validate.py decides what each is (error or warning) and turns it into a
+finding. Callers branch on ``rule``, never on the message's text. Torch-free, imports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Rule ids of the problems computed outside validate.py (validate.py lists every rule).
+EXPERT_LAYOUT = "expert-layout"  # a fused 3-D expert tensor whose layout is undeclared or does not split
+EXCLUDE_MISREAD = "exclude-misread"  # vLLM would read the exclude / ignore list otherwise than planned
+LAYOUT_UNSUPPORTED = "layout-unsupported"  # no kernel layout to pre-pack this algorithm into
+LAYOUT_NO_BYTES_MOVE = "layout-no-bytes-move"  # the kernel reads the plain bytes: nothing to pre-pack
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One rule broken: ``rule`` (a stable id above), ``subject`` (the tensor, module or option it is
+    about) and ``message`` (one line naming the subject, the rule and the fix)."""
+
+    rule: str
+    subject: str
+    message: str
