@@ -405,8 +405,7 @@ def _write(opts: ConvertOptions, ok: Checked, plan: Plan, options: dict, timings
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         from .card import write_conversion_card  # README.md: how this output was made
 
-        card = {k: getattr(opts, k) for k in ("exclude", "recipe", "layout", "device", "kv_cache_dtype", "max_shard_size",
-                                              "memory_budget", "revision", "verify", "low_disk", "private", "revision_out")}
+        card = {k: getattr(opts, k) for k in opts.names() if k not in ("src", "dst")}  # the card's command line: every option that decides the output
         write_conversion_card(plan, dest.partial, verified, opts.src, opts.dst, opts.push_to_hub, card)
         timings["total_s"] = time.perf_counter() - t0
         dest.commit()
@@ -482,7 +481,11 @@ def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, repor
     """--resume on a finished DST made the same way: checked by retry.py; succeed without writing."""
     from .retry import confirm_finished
 
-    path = confirm_finished(plan, dst, options, source_id, metadata_docs(plan, options.get("kv_cache_dtype"), options), con.info)
+    from .formats import metadata_documents
+
+    kv = options.get("kv_cache_dtype")
+    docs = metadata_documents(plan, _kv(kv)) or dict(zip(("hf_quant_config.json", "config.json"), metadata_docs(plan, kv, options)))
+    path = confirm_finished(plan, dst, options, source_id, docs, con.info)
     doc = run_report(plan, options, None, timings, path, status="already-complete")
     if report:
         write_json(report, doc)

@@ -56,24 +56,35 @@ _DESCRIBE = {
 }
 
 
+# Options that do not change what is written: left out of the card's command line.
+_NOT_IN_COMMAND = {"src", "dst", "quiet", "resume", "dry_run", "overwrite", "report"}
+
+
 def command_line(src: str, dst: str, **options) -> str:
-    """The ``quantize convert`` command equivalent to a library call: flags in the CLI's order,
-    defaults left out. ``options`` are convert's keywords (algo, exclude, recipe, ...)."""
-    args = ["quantize", "convert", src, "-o", dst, "--algo", options["algo"]]
-    for pattern in options.get("exclude") or ():
-        args += ["--exclude", pattern]
-    for flag, key, default in (("--recipe", "recipe", None), ("--layout", "layout", "plain"),
-                               ("--device", "device", "auto"), ("--kv-cache-dtype", "kv_cache_dtype", None),
-                               ("--max-shard-size", "max_shard_size", "5GB"), ("--memory-budget", "memory_budget", "4GB"),
-                               ("--revision", "revision", None), ("--push-to-hub", "push_to_hub", None),
-                               ("--revision-out", "revision_out", None)):
-        value = options.get(key)
-        if value not in (None, "", default):
+    """The ``quantize convert`` command equivalent to a library call: every option that decides the
+    output and differs from its default, valued flags in ``ConvertOptions``' order, then switches.
+    ``options`` are convert's keywords (algo, exclude, recipe, ...); each maps to its CLI flag
+    (``kv_cache_dtype`` -> ``--kv-cache-dtype``), repeatable ones (exclude, algo_for) repeated."""
+    from dataclasses import MISSING, fields
+
+    from .options import ConvertOptions
+
+    args, switches = ["quantize", "convert", src, "-o", dst], []
+    for f in fields(ConvertOptions):
+        if f.name in _NOT_IN_COMMAND or f.name not in options:
+            continue
+        value, default = options[f.name], (None if f.default is MISSING else f.default)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            switches += [flag] if value and not default else []
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                args += [flag, str(item)]
+        elif value not in (None, "") and str(value).lower() != str(default).lower():
             args += [flag, str(value)]
-    for flag, key in (("--verify", "verify"), ("--low-disk", "low_disk"), ("--private", "private")):
-        if options.get(key):
-            args.append(flag)
-    return shlex.join(args)
+    if "--algo" not in args:  # always said, even when it is the library's default
+        args[5:5] = ["--algo", str(options.get("algo", ConvertOptions.algo))]
+    return shlex.join(args + switches)
 
 
 def sqnr_by_algo(errors_by_tensor: dict[str, dict], algo_of) -> dict[str, dict]:
@@ -102,9 +113,14 @@ def card_facts(plan, command: str, verify_result=None, calibration: dict | None 
     """The facts of a finished conversion of `plan` (see the module docstring)."""
     from .classify import LINEAR
 
-    quantized = [m for m in plan.modules.values() if m.quantize]
-    algo = plan.scheme.algo
-    verify = verify_summary(verify_result, lambda _m: algo) if verify_result is not None else None
+    def algo_of(module: str) -> str:  # mixed precision: each module's own algorithm
+        return plan.scheme_of(module).algo
+
+    algos: dict[str, int] = {}
+    for m in plan.modules.values():
+        if m.quantize:
+            algos[algo_of(m.name)] = algos.get(algo_of(m.name), 0) + 1
+    verify = verify_summary(verify_result, algo_of) if verify_result is not None else None
     if calibration is None and plan.scheme.static_input_scale is not None:
         calibration = {"calibrated": False, "input_scale": plan.scheme.static_input_scale,
                        "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
@@ -116,8 +132,8 @@ def card_facts(plan, command: str, verify_result=None, calibration: dict | None 
         "base_model": label if plan.source.from_hub and is_repo_id(label) else None,
         "format": fmt,
         "layout": plan.packing.metadata()["name"] if plan.packing is not None else "plain",
-        "algos": {algo: len(quantized)},
-        "quant_algo": plan.scheme.quant_algo,
+        "algos": algos or {plan.scheme.algo: 0},
+        "quant_algo": "MIXED_PRECISION" if len(algos) > 1 else plan.scheme.quant_algo,
         "kv_cache_dtype": plan.kv_cache_dtype,
         "excluded": [{"module": m.name, "reason": m.reason} for m in plan.modules.values() if m.kind == LINEAR and not m.quantize],
         "exclude_modules": list(plan.exclude_modules),
@@ -206,7 +222,9 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     out += ["| | |", "|---|---|"]
     for algo, count in algos.items():
         out.append(f"| algorithm | `{algo}` on {count} Linear layer(s): {_DESCRIBE.get(algo, algo)} |")
-    out.append(f"| format | {facts['format']} (`quant_algo: {facts['quant_algo']}` in hf_quant_config.json and config.json) |")
+    out.append(f"| format | {facts['format']} (`quant_algo: {facts['quant_algo']}` in hf_quant_config.json and config.json) |"
+               if facts["format"] == "modelopt" else
+               f"| format | {facts['format']} (`quantization_config` in config.json) |")
     out.append(f"| layout | {facts.get('layout') or 'plain'} |")
     out.append(f"| KV cache | {'FP8 (cast, no scales)' if facts.get('kv_cache_dtype') else 'unquantized'} |")
     sizes = facts["sizes"]
@@ -324,8 +342,10 @@ def write_conversion_card(plan, folder: str, verified, src: str, dst: str, repo:
     """
     from .errors import DestinationError
 
-    command = command_line(src, dst, algo=plan.scheme.algo, push_to_hub=repo, **flags)
+    from .formats import format_of
+
+    command = command_line(src, dst, **{**flags, "algo": plan.scheme.algo, "push_to_hub": repo})
     try:
-        write_card(folder, card_facts(plan, command, verified), repo or dst)
+        write_card(folder, card_facts(plan, command, verified, fmt=format_of(plan.scheme)), repo or dst)
     except OSError as exc:
         raise DestinationError(f"{folder}/README.md: cannot write the model card ({exc.strerror}); check space and permissions") from exc

@@ -26,13 +26,16 @@ from .jsonfile import read_json_or_none
 CHECKSUMS = ".quantize-checksums"
 # The options recorded and compared, with the flag that sets each (for the message).
 RECORDED = {"algo": "--algo", "exclude": "--exclude", "recipe": "--recipe", "layout": "--layout",
-            "kv_cache_dtype": "--kv-cache-dtype", "max_shard_size": "--max-shard-size"}
+            "kv_cache_dtype": "--kv-cache-dtype", "max_shard_size": "--max-shard-size", "format": "--format",
+            "algo_for": "--algo-for", "scale_search": "--scale-search", "calibration": "--calib-data / --act-scales"}
+# What an option missing from a record (an output sealed before it was recorded) stood for.
+_DEFAULTS = {"format": "modelopt", "algo_for": [], "scale_search": "none", "calibration": None}
 _FIX = "pass --overwrite to replace it, or choose another -o"
 
 
 def run_record(options: dict, fp: str, source: str) -> dict:
     """How an output is made: the options that decide its bytes, the source, the resume fingerprint."""
-    return {"options": {k: options.get(k) for k in RECORDED}, "source": source, "fingerprint": fp}
+    return {"options": {k: options.get(k, _DEFAULTS.get(k)) for k in RECORDED}, "source": source, "fingerprint": fp}
 
 
 def seal(folder: str, record: dict) -> None:
@@ -51,11 +54,17 @@ def finished_dst(dst: str | None) -> bool:
         return False
     path = os.path.abspath(dst)
     partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
-    return not os.path.isdir(partial) and os.path.isfile(os.path.join(path, "hf_quant_config.json"))
+    if os.path.isdir(partial):
+        return False
+    if os.path.isfile(os.path.join(path, "hf_quant_config.json")):  # ModelOpt
+        return True
+    config = read_json_or_none(os.path.join(path, "config.json"))  # compressed-tensors: config.json alone
+    return isinstance(config, dict) and isinstance(config.get("quantization_config"), dict) \
+        and config["quantization_config"].get("quant_method") == "compressed-tensors"
 
 
-def check_finished(dst: str, plan, record: dict, docs: tuple[dict, dict]) -> int:
-    """Confirm that DST is exactly what this run (`record`, config `docs`) would write.
+def check_finished(dst: str, plan, record: dict, docs: dict[str, dict]) -> int:
+    """Confirm that DST is exactly what this run (`record`, config `docs`: file name -> document) would write.
 
     Returns the number of task checksums verified (0 when the checksums file is gone). Raises
     :class:`DestinationError` naming the difference: an option, the source, or damaged files.
@@ -64,9 +73,10 @@ def check_finished(dst: str, plan, record: dict, docs: tuple[dict, dict]) -> int
     run = sums.get("run") if isinstance(sums, dict) else None
     if isinstance(run, dict) and isinstance(run.get("options"), dict):
         for key, flag in RECORDED.items():
-            if run["options"].get(key) != record["options"][key]:
+            made = run["options"].get(key, _DEFAULTS.get(key))
+            if made != record["options"][key]:
                 raise DestinationError(
-                    f"{dst}: already exists, made with {flag} {_show(run['options'].get(key))}, "
+                    f"{dst}: already exists, made with {flag} {_show(made)}, "
                     f"this run asks for {_show(record['options'][key])}; {_FIX}"
                 )
         if run.get("source") != record["source"]:
@@ -83,7 +93,7 @@ def check_finished(dst: str, plan, record: dict, docs: tuple[dict, dict]) -> int
         raise DestinationError(f"{dst}: already exists, but {exc.message}; {_FIX}") from None
 
 
-def confirm_finished(plan, dst: str, options: dict, source_id: str, docs: tuple[dict, dict], say) -> str:
+def confirm_finished(plan, dst: str, options: dict, source_id: str, docs: dict[str, dict], say) -> str:
     """The whole --resume-on-a-finished-DST step: check (:func:`check_finished`), say so, return DST's path."""
     from .resume import fingerprint
 
@@ -109,8 +119,8 @@ def _first_difference(got, want, path: str = "") -> str:
     return f"{path or '(top)'} is {json.dumps(got)[:60]}, this run writes {json.dumps(want)[:60]}"
 
 
-def _check_configs(dst: str, docs: tuple[dict, dict]) -> None:
-    for name, want in zip(("hf_quant_config.json", "config.json"), docs):
+def _check_configs(dst: str, docs: dict[str, dict]) -> None:
+    for name, want in docs.items():
         got = read_json_or_none(os.path.join(dst, name))
         if got is None:
             raise QuantizeError(f"its {name} is missing or not JSON")

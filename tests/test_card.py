@@ -138,3 +138,13 @@ def test_final_line_says_sizes_and_ratio(tiny_llama, tmp_path):
     assert r.exit_code == 0, r.output
     last = r.output.strip().splitlines()[-1]
     assert last.startswith(f"wrote {tmp_path / 'o'}: 2.89 MB in -> 1.71 MB out (1.69x smaller) in 1 shard(s), ")
+
+
+def test_card_of_a_mixed_compressed_tensors_output_says_its_format_algorithms_and_flags(tiny_llama, tmp_path):
+    dst = str(tmp_path / "out")
+    convert(tiny_llama, dst, algo="NVFP4", algo_for=["*self_attn*=FP8_PB_WO"], format="compressed-tensors", quiet=True)
+    text = ModelCard.load(os.path.join(dst, "README.md")).text
+    assert "in the compressed-tensors format" in text and "NVIDIA ModelOpt" not in text
+    assert f"quantize convert {tiny_llama} -o {dst} --algo NVFP4 --format compressed-tensors --algo-for '*self_attn*=FP8_PB_WO'" in text
+    assert "| algorithm | `NVFP4` on" in text and "| algorithm | `FP8_PB_WO` on" in text
+    assert "| format | compressed-tensors (`quantization_config` in config.json) |" in text

@@ -83,7 +83,10 @@ def test_without_the_checksums_file_headers_sizes_and_index_are_checked(tmp_path
     (("--kv-cache-dtype", "fp8"), "--kv-cache-dtype (none), this run asks for fp8"),
     (("--max-shard-size", "100KB"), "--max-shard-size 5GB, this run asks for 100KB"),
     (("--layout", "marlin"), "--layout plain, this run asks for marlin"),
-], ids=["algo", "exclude", "kv", "shard-size", "layout"])
+    (("--format", "compressed-tensors"), "--format modelopt, this run asks for compressed-tensors"),
+    (("--algo-for", "*self_attn*=NVFP4"), "--algo-for (none), this run asks for *self_attn*=NVFP4"),
+    (("--scale-search", "mse"), "--scale-search none, this run asks for mse"),
+], ids=["algo", "exclude", "kv", "shard-size", "layout", "format", "algo-for", "scale-search"])
 def test_resume_with_other_options_names_the_difference(tmp_path, src, extra, named):
     dst = tmp_path / "out"
     assert convert(src, dst).exit_code == 0
@@ -151,3 +154,21 @@ def test_library_resume_returns_the_finished_destination(tmp_path, src):
     first = lib(src, str(tmp_path / "out"), algo="NVFP4", quiet=True)
     again = lib(src, str(tmp_path / "out"), algo="NVFP4", quiet=True, resume=True)
     assert again.dst == first.dst and again.report["status"] == "already-complete"
+
+
+def test_resume_on_a_finished_compressed_tensors_dst_is_idempotent_too(tmp_path, src):
+    """compressed-tensors writes config.json alone (no hf_quant_config.json): still recognised as finished."""
+    dst = tmp_path / "out"
+    assert convert(src, dst, "--format", "compressed-tensors").exit_code == 0
+    before = tree_state(tmp_path)
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    r = CliRunner().invoke(main, ["convert", str(src), "-o", str(dst), "--algo", "FP8_PB_WO", "--format", "compressed-tensors", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "already complete" in r.stderr and "task checksum(s) verified" in r.stderr
+    assert tree_state(tmp_path) == before
+    r = convert(src, dst, "--resume")  # the same DST asked for as ModelOpt: named, not rebuilt
+    assert_clean_failure(r, 1, str(dst), "already exists", "--format compressed-tensors, this run asks for modelopt", "--overwrite")
+    assert tree_state(tmp_path) == before

@@ -79,22 +79,35 @@ def layout_problem(fmt: str, layout: str | None) -> str | None:
     return None
 
 
-def write_metadata(plan, folder: str, kv_cache_dtype: str | None) -> bool:
-    """Write the metadata of a non-ModelOpt format into `folder`; False for ModelOpt (api.py writes it).
+def metadata_documents(plan, kv_cache_dtype: str | None) -> dict[str, dict] | None:
+    """File name -> the JSON document a non-ModelOpt format writes (None for ModelOpt: api.py's).
 
-    compressed-tensors: config.json with the ``quantization_config`` block and no
-    ``hf_quant_config.json``; keys sorted, as llm-compressor writes them, so the files diff cleanly.
+    compressed-tensors: config.json with the ``quantization_config`` block, and no
+    ``hf_quant_config.json``. A pure function of the plan: the writer writes it and a ``--resume``
+    of a finished DST compares it (retry.py).
     """
     if format_of(plan.scheme) == MODELOPT:
-        return False
+        return None
     from .ct_config import output_config, quantization_config
     from .ct_mixed import ct_groups
 
     groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # --algo-for: one group per algorithm
     qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), kv_cache_dtype, groups)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(output_config(plan.source.config, qconfig), f, indent=2, sort_keys=True)
-        f.write("\n")
+    return {"config.json": output_config(plan.source.config, qconfig)}
+
+
+def write_metadata(plan, folder: str, kv_cache_dtype: str | None) -> bool:
+    """Write the documents of :func:`metadata_documents` into `folder`; False for ModelOpt (api.py writes it).
+
+    Keys sorted, as llm-compressor writes them, so the files diff cleanly.
+    """
+    docs = metadata_documents(plan, kv_cache_dtype)
+    if docs is None:
+        return False
+    for name, doc in docs.items():
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.write("\n")
     return True
 
 
@@ -105,4 +118,4 @@ def detect_format(config: dict) -> str | None:
 
 
 __all__ = ["FORMATS", "MODELOPT", "COMPRESSED_TENSORS", "CT_SCHEMES", "check_format", "scheme_for", "format_of",
-           "layout_problem", "write_metadata", "detect_format"]
+           "layout_problem", "metadata_documents", "write_metadata", "detect_format"]
