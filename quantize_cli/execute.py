@@ -26,7 +26,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .compute import ComputeStage, ErrorStats, RunStats
 from .experts import ViewedTensor
-from .host_memory import inflight_limit, rss_bytes, warm_baseline
+from .host_memory import inflight_limit, startup_baseline, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
 from .plan import Plan, Task
@@ -106,7 +106,7 @@ class Executor:
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
         read_budget, write_budget = ByteBudget(1), ByteBudget(1)
-        self._split(self._inflight(rss_bytes()), read_budget, write_budget)
+        self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
                            self.overlap, timers)

@@ -13,6 +13,12 @@ from __future__ import annotations
 import os
 
 MIN_INFLIGHT = 256 << 20  # in-flight floor: below it reads and writes stop overlapping usefully
+# What creating the CUDA context (with cuBLAS, the Triton kernels and their host caches) adds to the
+# RSS of a process that has imported torch: ~1.7 GB on the GPU machine (2.4 GB warm baseline less
+# ~0.7 GB for torch alone; docs/performance.md "Memory"). Assumed until the context exists and the
+# real baseline is measured: reads start at once and, warm, would otherwise fill a budget that
+# the context then pushes over (measured: 5.9 GB peak with a 4 GB budget).
+CUDA_CONTEXT_ESTIMATE = 2 << 30
 
 
 def rss_bytes() -> int:
@@ -22,6 +28,17 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def startup_baseline(device) -> int:
+    """The RSS to count before the device is warm: now, plus :data:`CUDA_CONTEXT_ESTIMATE` when
+    `device` is a GPU whose context does not exist yet (created on a start-up thread meanwhile)."""
+    pending = 0
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        pending = 0 if torch.cuda.is_initialized() else CUDA_CONTEXT_ESTIMATE
+    return rss_bytes() + pending
 
 
 def warm_baseline(device) -> int:
@@ -47,4 +64,4 @@ def inflight_limit(budget: int, baseline: int, flag_value: str | int = "") -> tu
                    f"about {(baseline + floor) / 1e9:.1f} GB; give a budget above {(baseline + floor) / 1e9:.1f} GB to stay within it")
 
 
-__all__ = ["rss_bytes", "warm_baseline", "inflight_limit", "MIN_INFLIGHT"]
+__all__ = ["rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]

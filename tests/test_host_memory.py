@@ -26,7 +26,7 @@ def _run(plan, folder, monkeypatch, baseline, **kw):
     from quantize_cli.checkpoint.writer import ShardWriter
 
     monkeypatch.setattr(ex, "warm_baseline", lambda device: baseline)
-    monkeypatch.setattr(ex, "rss_bytes", lambda: baseline)
+    monkeypatch.setattr(ex, "startup_baseline", lambda device: baseline)
     folder.mkdir()
     w = ShardWriter(str(folder), plan.outputs, plan.shard_names)
     w.open()
@@ -57,3 +57,17 @@ def test_the_report_records_the_baseline(tiny_llama, tmp_path):
 
     convert(tiny_llama, str(tmp_path / "o"), algo="FP8", device="cpu", quiet=True, report=str(tmp_path / "r.json"))
     assert json.load(open(tmp_path / "r.json"))["bytes"]["baseline_rss"] > 50 << 20
+
+
+def test_before_the_cuda_context_exists_its_size_is_counted(monkeypatch):
+    """Reads start while the context is being created: they must not fill what the context takes."""
+    import torch
+
+    from quantize_cli import host_memory
+
+    monkeypatch.setattr(host_memory, "rss_bytes", lambda: 700 << 20)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert host_memory.startup_baseline(torch.device("cuda")) == (700 << 20) + host_memory.CUDA_CONTEXT_ESTIMATE
+    assert host_memory.startup_baseline(torch.device("cpu")) == 700 << 20
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # already in the RSS: not counted twice
+    assert host_memory.startup_baseline(torch.device("cuda")) == 700 << 20
