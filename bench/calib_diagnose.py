@@ -67,8 +67,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--calib-data", default="default")
-    p.add_argument("--calib-samples", type=int, default=128)
-    p.add_argument("--calib-seq-len", type=int, default=128)
+    p.add_argument("--calib-samples", type=int, default=None, help="default: the project's (128)")
+    p.add_argument("--calib-seq-len", type=int, default=None, help="default: the project's (512)")
     a = p.parse_args()
     from transformers import AutoModel, AutoTokenizer
 
