@@ -101,7 +101,7 @@ def embed(model, tok, sentences) -> torch.Tensor:
 def emulate(model, linears: dict, algo: str, seen: dict | None = None):
     """Swap the forward of every quantized Linear for the served computation; returns an undo.
     `seen[name]` collects the largest |x| each Linear receives."""
-    act = act_fp8 if algo == "FP8" else act_nvfp4
+    act = {"FP8": act_fp8, "NVFP4": act_nvfp4, "none": lambda x, s: x}[algo]  # none: quantized weights only
     saved = []
     for name, mod in model.named_modules():
         if name in linears:

@@ -300,7 +300,7 @@ def convert(
 
     check_push_options(push_to_hub, private, revision_out)
     try:
-        doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con)
+        doc = _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con, dry_run)
         on_hub = not (src.startswith("example:") or os.path.exists(src))  # Ray workers fetch their own shards
         plan = prepare(src, algo, exclude, recipe, kv_cache_dtype, max_shard_size, revision, quiet, layout,
                        low_disk or (executor == "ray" and on_hub), scale_search, act_scales=doc, format=format,
@@ -398,14 +398,15 @@ def convert(
     return ConvertResult(plan, dest.dst, doc)
 
 
-def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con):
+def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
+            dry_run=False):
     """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
     if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
         return None  # the data-free path: nothing of calibration (nor transformers) is imported
     from .calibration.entry import scales_for_convert
 
     return scales_for_convert(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn)
+                              low_disk, recipe, con.info, con.warn, dry_run)
 
 
 def calibrate(src: str, calib_data: str = "default", output: str | None = None, calib_samples: int | None = None,
