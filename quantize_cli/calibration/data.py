@@ -51,7 +51,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
     elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
     else:
-        out, digest = _dataset(spec, root, seq_len)
+        out, digest = _dataset(spec, root, seq_len, samples)
     out = [s for s in out if s][:samples]
     if not out:
         raise _err(spec, "no tokens in it; give text or input_ids")
@@ -181,22 +181,34 @@ def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
     return list(_tokenizer(root, spec)(text, add_special_tokens=special)["input_ids"])
 
 
-def _dataset(spec: str, root: str, seq_len: int) -> tuple[list[list[int]], str]:
+def _dataset(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[int]], str]:
+    """Rows of the ``train`` split's ``text`` column of a dataset already in the local datasets cache
+    (``HF_DATASETS_CACHE``, under ``HF_HOME``), each tokenized with special tokens and cut to L.
+    The Hub is never contacted: offline mode is on for this call, whatever the environment says."""
     try:
         import datasets
+        import huggingface_hub.constants as hub
     except ImportError:
-        raise _err(spec, "not a file; a Hugging Face dataset id needs `pip install datasets` (and the dataset in the local cache)") from None
+        raise _err(spec, "not a file; a Hugging Face dataset id needs the datasets package: pip install datasets "
+                         "(and the dataset in the local cache)") from None
+    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True  # a cached dataset only: never a download
     try:
-        ds = datasets.load_dataset(spec, split="train", download_mode="reuse_cache_if_exists")
-    except Exception as exc:  # noqa: BLE001
-        raise _err(spec, f"not a file, and no cached Hugging Face dataset of that id ({type(exc).__name__}); "
-                         "give a .jsonl/.txt file or `default`") from None
+        ds = datasets.load_dataset(spec, split="train")
+    except Exception as exc:  # noqa: BLE001 - not cached, no train split, a broken cache: many types
+        raise _err(spec, f"not a file, and no Hugging Face dataset of that id with a train split in the local cache "
+                         f"{datasets.config.HF_DATASETS_CACHE} ({type(exc).__name__}); load it once with datasets while "
+                         "online, or give a .jsonl/.txt file or `default`") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
     if "text" not in ds.column_names:
         raise _err(spec, f"the dataset has no \"text\" column (columns: {', '.join(ds.column_names)})")
     out = []
     for row in ds:
         if isinstance(row["text"], str) and row["text"].strip():
             out.append(_tokenize(root, spec, row["text"], special=True)[:seq_len])
+            if len(out) == samples:  # the first N rows with text: the rest is never tokenized
+                break
     return out, hashlib.sha256(f"{spec}@{getattr(ds, '_fingerprint', '')}".encode()).hexdigest()
 
 
