@@ -65,8 +65,10 @@ def batches(samples: list[list[int]], batch_tokens: int = BATCH_TOKENS) -> list[
 def _to(obj, device: torch.device, pin: bool = False):
     """`obj` (tensors inside tuples, lists and dicts) on `device`; pinned host memory when `pin`."""
     if isinstance(obj, torch.Tensor):
-        out = obj.to(device, non_blocking=True)
-        return out.pin_memory() if pin and out.device.type == "cpu" else out
+        if pin and obj.device.type != "cpu":  # device -> pinned host buffer, asynchronous: the host never reads it,
+            host = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)  # and its copy back is ordered after
+            return host.copy_(obj, non_blocking=True)  # this one on the same stream
+        return obj.to(device, non_blocking=True)
     if isinstance(obj, (tuple, list)):
         return type(obj)(_to(o, device, pin) for o in obj)
     if isinstance(obj, dict):
