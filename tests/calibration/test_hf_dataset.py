@@ -21,7 +21,7 @@ def _fake_cache(monkeypatch, tmp_path, repo: str = "someone/tiny-text", rows=ROW
     """A datasets cache in tmp_path holding `repo`, laid out as load_dataset leaves it after a download
     (``<cache>/<owner>___<name>/<config>/<version>/<hash>/<name>-train.arrow`` + dataset_info.json),
     made offline from a local JSON file by datasets' own json builder."""
-    datasets = pytest.importorskip("datasets")
+    import datasets  # in the test extra: a missing package fails here, it does not skip
     cache = tmp_path / "hf" / "datasets"
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
@@ -62,7 +62,7 @@ def test_uncached_dataset_refused_without_network(tmp_path, monkeypatch):
 
 
 def test_dataset_without_text_column(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # in the test extra: a missing package fails here, it does not skip
     _fake_cache(monkeypatch, tmp_path)
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict({"body": ["x"]}))
     with pytest.raises(CalibrationError, match=r'no "text" column \(columns: body\)'):
