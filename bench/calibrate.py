@@ -7,6 +7,7 @@ The calibration runs in a fresh process, so its peak RSS (VmHWM) and peak GPU me
 
     python bench/calibrate.py --json /tmp/calib.json                        # GPU machine: 16 layers, 128 x 512
     python bench/calibrate.py --layers 32 --json /tmp/calib32.json          # the full 8B depth
+    python bench/calibrate.py --offload --json /tmp/calib-offload.json      # hidden states in pinned host memory
     python bench/calibrate.py --device cpu --layers 1 --vocab 32000 --samples 2 --seq-len 64   # smoke test
 """
 
@@ -25,15 +26,20 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 _CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-src, data, out, device, samples, seq_len, budget = sys.argv[1:8]
+src, data, out, device, samples, seq_len, budget, offload = sys.argv[1:9]
 import torch
+import quantize_cli.calibration as calib
 from quantize_cli.api import calibrate
+if offload == "1":  # force the hidden states to pinned host memory between blocks (the path taken when they are large)
+    decide = calib.offload_decision
+    calib.offload_decision = lambda dev, nbytes, budget, forced: decide(dev, nbytes, budget, True)
 doc = calibrate(src, calib_data=data, output=out, calib_samples=int(samples), calib_seq_len=int(seq_len),
                 device=device, memory_budget=budget, quiet=True)
 rss = max(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
 print("RESULT " + json.dumps({"wall_s": time.perf_counter() - t0, "calibrate_s": doc.run["seconds"],
       "forward_s": doc.run["forward_seconds"], "blocks": doc.run["blocks"], "tokens": doc.data["tokens"],
+      "batches": doc.run["batches"], "activations_on": doc.run["activations_on"],
       "peak_rss_GB": rss / 1e9, "peak_gpu_GB": gpu / 1e9, "device": doc.run["device"],
       "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
       "torch": torch.__version__, "transformers": doc.run["transformers"]}))
@@ -54,6 +60,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--budget", default="4GB")
+    p.add_argument("--offload", action="store_true", help="hidden states in pinned host memory between blocks")
     p.add_argument("--json")
     a = p.parse_args()
     src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
@@ -65,7 +72,7 @@ def main() -> None:
             f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
     layer_bytes = 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096)
     out = subprocess.run([sys.executable, "-c", _CHILD, src, data, os.path.join(a.work, "scales.json"), a.device,
-                          str(a.samples), str(a.seq_len), a.budget], capture_output=True, text=True, cwd=ROOT)
+                          str(a.samples), str(a.seq_len), a.budget, "1" if a.offload else "0"], capture_output=True, text=True, cwd=ROOT)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"calibration failed:\n{out.stderr[-3000:]}")

@@ -329,7 +329,7 @@ def _plan(opts: ConvertOptions, ok: Checked, con: Console) -> Plan:
     """Resolve SRC (calibrating first when asked) and plan from its headers; the report says why SRC was refused."""
     try:
         doc = _scales(opts.src, opts.algo, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, ok.device,
-                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con)
+                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run)
         headers_only = opts.low_disk or (opts.executor == "ray" and ok.on_hub)  # Ray workers fetch their own shards
         return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
                        opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format,
@@ -448,14 +448,15 @@ def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, 
     return ConvertResult(plan, dest.dst, doc)
 
 
-def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con):
+def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
+            dry_run=False):
     """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
     if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
         return None  # the data-free path: nothing of calibration (nor transformers) is imported
     from .calibration.entry import scales_for_convert
 
     return scales_for_convert(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn)
+                              low_disk, recipe, con.info, con.warn, dry_run)
 
 
 def calibrate(src: str, calib_data: str = "default", output: str | None = None, calib_samples: int | None = None,

@@ -39,15 +39,43 @@ def _vocab(config: dict) -> int | None:
     return None
 
 
+def _max_positions(config: dict) -> int | None:
+    for cfg in (config, config.get("text_config") or {}):
+        if isinstance(cfg.get("max_position_embeddings"), int) and cfg["max_position_embeddings"] > 0:
+            return cfg["max_position_embeddings"]
+    return None
+
+
+def offload_decision(device: torch.device, act_bytes: int, memory_budget: int | None, offload: bool | None) -> bool:
+    """Where the hidden states of all samples live between blocks (True: host memory).
+
+    On a GPU they stay on the device while they take at most a quarter of its free memory (the
+    block's weights and its forward need the rest), else they go to pinned host memory, one batch on
+    the device at a time. Host-held states (the CPU path, or offloaded) must fit `memory_budget`."""
+    if offload is None:
+        offload = device.type == "cuda" and act_bytes > torch.cuda.mem_get_info(device)[0] // 4
+    on_host = device.type == "cpu" or offload
+    if memory_budget and on_host and act_bytes > memory_budget:
+        where = "on the CPU" if device.type == "cpu" else f"offloaded from {device} to host memory"
+        raise UsageError(f"--memory-budget {memory_budget}: the hidden states of the calibration samples need {act_bytes} bytes "
+                         f"{where}; raise --memory-budget or lower --calib-samples / --calib-seq-len")
+    return offload
+
+
 def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN,
               device: torch.device | None = None, memory_budget: int | None = None,
-              progress: Callable[[int, int, float], None] | None = None) -> ScalesDoc:
+              progress: Callable[[int, int, float], None] | None = None, offload: bool | None = None,
+              batch_tokens: int | None = None) -> ScalesDoc:
     """Measure every Linear input amax (per expert) and K/V amax of `source` on `calib_data`.
 
     Args:
         source: an opened :class:`~quantize_cli.checkpoint.source.Source` (a local folder).
         recipe: its recipe (per-expert module names).
-        memory_budget: host bytes; on the CPU the hidden states of all samples must fit in it.
+        seq_len: at most the model's ``max_position_embeddings`` (a longer one is lowered to it, and recorded).
+        memory_budget: host bytes; hidden states held in host memory (CPU, or offloaded) must fit in it.
+        offload: force the hidden states to host memory (True) or the device (False); None decides
+            (:func:`offload_decision`).
+        batch_tokens: tokens per forward (padding-free batches of equal-length samples).
     Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
     data, unknown architecture, activations over budget).
     """
@@ -61,20 +89,20 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
 
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
+    seq_len = min(seq_len, _max_positions(source.config) or seq_len)  # positions past it do not exist
     ids, data_meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len)
     act_bytes = 2 * 2 * _hidden(source.config) * data_meta["tokens"]  # bf16 inputs + outputs of a block
-    if memory_budget and device.type == "cpu" and act_bytes > memory_budget:
-        raise UsageError(f"--memory-budget {memory_budget}: the hidden states of {data_meta['samples']} x {seq_len} tokens "
-                         f"need {act_bytes} bytes on the CPU; raise --memory-budget or lower --calib-samples / --calib-seq-len")
+    offload = offload_decision(device, act_bytes, memory_budget, offload)
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
     rec = hooks.Recorder()
-    timing = forward.run(sk, source.tensors, ids, device, rec, progress)
+    timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload)
     modules = {k: {"amax": v.amax, "tokens": v.tokens} for k, v in sorted(rec.inputs.items())}
     kv = {k: {"k_amax": v["k"].amax, "v_amax": v["v"].amax, "tokens": v["k"].tokens} for k, v in sorted(rec.kv.items())}
     run = {"dtype": "bfloat16", "device": str(device), "seconds": round(time.perf_counter() - t0, 3),
            "forward_seconds": round(timing["seconds"], 3), "blocks": timing["blocks"],
            "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-           "activation_bytes": act_bytes}
+           "activation_bytes": act_bytes, "activations_on": "host" if offload or device.type == "cpu" else "device",
+           "batches": timing["batches"]}
     fp = {"label": source.label, **fingerprint(source.config, source.tensors)}
     return ScalesDoc(fp, data_meta, run, modules, kv)
 

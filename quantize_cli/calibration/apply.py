@@ -116,6 +116,9 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme, kv_cache_d
 
     if doc is None:
         return None
+    if getattr(doc, "planned", False):  # a dry run with --calib-data: checked, not measured (entry.PlannedCalibration)
+        findings[:] = [f for f in findings if f.code != "uncalibrated"]
+        return None
     if scheme.static_input_scale is None:
         findings.append(Finding(WARNING, "calib-ignored", scheme.algo, f"{scheme.algo} quantizes activations dynamically "
                                 "(or not at all): the calibration data / --act-scales is ignored"))

@@ -3,11 +3,12 @@
 Accepted ``--calib-data``:
 
 * ``default``: the text shipped in this package (``default_calibration.txt``: prose, code,
-  dialogue, numbers; written for this project), tokenized, then cut into samples of L tokens,
-  each framed with the tokenizer's special tokens (BOS, or [CLS] ... [SEP]) as served inputs are;
+  dialogue, numbers; written for this project), tokenized, then cut into consecutive samples of
+  L tokens and, as well, every paragraph on its own (see :func:`_cut_text`), each framed with the
+  tokenizer's special tokens (BOS, or [CLS] ... [SEP]) as served inputs are;
 * ``FILE.jsonl``: one JSON object per line, with ``"input_ids"`` (used as is: no BOS added,
   truncated to L) or ``"text"`` (tokenized with the checkpoint's own tokenizer, truncated to L);
-* ``FILE.txt``: as ``default`` (a shorter tail is dropped unless it is the only sample);
+* ``FILE.txt``: as ``default``;
 * a Hugging Face dataset id already in the local cache (needs ``datasets``; column ``text``).
 
 Every problem is one line naming the file, the line and the rule.
@@ -50,7 +51,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
     elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
     else:
-        out, digest = _dataset(spec, root, seq_len)
+        out, digest = _dataset(spec, root, seq_len, samples)
     out = [s for s in out if s][:samples]
     if not out:
         raise _err(spec, "no tokens in it; give text or input_ids")
@@ -97,15 +98,54 @@ def _jsonl(path: str, text: str, root: str, seq_len: int) -> list[list[int]]:
 
 
 def _cut_text(root: str, spec: str, text: str, seq_len: int) -> list[list[int]]:
-    """Tokenize `text` whole, cut it, and frame every piece with the tokenizer's special tokens
-    (BOS; BERT's [CLS] ... [SEP]) as served inputs have them: those positions often carry the
-    largest activations, so a calibration without them would clip them at serve time."""
-    ids = _tokenize(root, spec, text, special=False)
-    head, tail = _frame(_TOKENIZERS[root])
+    """Two views of the same text, both framed with the tokenizer's special tokens (BOS; BERT's
+    [CLS] ... [SEP]) as served inputs have them (those positions often carry the largest
+    activations, so a calibration without them would clip them at serve time):
+
+    * long context: the whole text tokenized and cut into consecutive pieces of L tokens (the
+      last, shorter piece kept: no token of the text is dropped);
+    * short inputs: every paragraph (blank-line separated) on its own, cut to L, because served
+      inputs range from one sentence to L tokens and short ones reach larger values in places
+      (the first token, attention outputs over few tokens) that long pieces never show.
+
+    Samples are ordered by where they start in the text (each piece, then the paragraphs that
+    start inside it), so the first N samples cover a prefix of the text in both views."""
+    tok = _tokenizer(root, spec)
+    head, tail = _frame(tok)
     extra = len(head) + len(tail)
     if seq_len <= extra:
         raise UsageError(f"--calib-seq-len {seq_len}: must exceed the {extra} special token(s) the tokenizer adds")
-    return [head + piece + tail for piece in _cut(ids, seq_len - extra)]
+    width = seq_len - extra
+    ids, offsets = _ids_offsets(tok, text)
+    pieces = [(offsets[i], ids[i : i + width]) for i in range(0, len(ids), width)]
+    paras = []
+    for start, para in _paragraphs(text):
+        p_ids, p_off = _ids_offsets(tok, para)
+        paras.extend((start + p_off[i], p_ids[i : i + width]) for i in range(0, len(p_ids), width))
+    out, seen = [], set()
+    for _, piece in sorted(pieces + paras, key=lambda sp: sp[0]):  # stable: a piece before its paragraphs
+        key = tuple(piece)
+        if piece and key not in seen:  # a one-paragraph text would otherwise run twice
+            seen.add(key)
+            out.append(head + piece + tail)
+    return out
+
+
+def _ids_offsets(tok, text: str) -> tuple[list[int], list[int]]:
+    """Token ids of `text` (no special tokens) and the character offset where each starts."""
+    try:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [o[0] for o in enc["offset_mapping"]]
+    except NotImplementedError:  # a slow (Python) tokenizer has no offsets: place tokens evenly
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        return ids, [i * len(text) // max(1, len(ids)) for i in range(len(ids))]
+
+
+def _paragraphs(text: str) -> list[tuple[int, str]]:
+    """(start offset, paragraph) for every block of text between blank lines."""
+    import re
+
+    return [(m.start(), m.group().strip()) for m in re.finditer(r"\S(?:.|\n(?!\s*\n))*", text)]
 
 
 def _frame(tok) -> tuple[list[int], list[int]]:
@@ -119,16 +159,10 @@ def _frame(tok) -> tuple[list[int], list[int]]:
     return [], []
 
 
-def _cut(ids: list[int], seq_len: int) -> list[list[int]]:
-    """Consecutive samples of `seq_len` ids; a shorter tail only when it is the only sample."""
-    full = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
-    return full or ([ids] if ids else [])
-
-
 _TOKENIZERS: dict[str, object] = {}
 
 
-def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
+def _tokenizer(root: str, spec: str):
     tok = _TOKENIZERS.get(root)
     if tok is None:
         from transformers import AutoTokenizer
@@ -138,26 +172,43 @@ def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
         except Exception as exc:  # noqa: BLE001 - a missing or broken tokenizer, in many types
             raise _err(spec, f"text needs the checkpoint's tokenizer, which {root} does not have or transformers cannot load "
                              f"({type(exc).__name__}); add tokenizer files or give a .jsonl with \"input_ids\"") from None
+        tok.model_max_length = 1 << 60  # we cut the text ourselves; silence the "longer than" warning
         _TOKENIZERS[root] = tok
-    return list(tok(text, add_special_tokens=special)["input_ids"])
+    return tok
 
 
-def _dataset(spec: str, root: str, seq_len: int) -> tuple[list[list[int]], str]:
+def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
+    return list(_tokenizer(root, spec)(text, add_special_tokens=special)["input_ids"])
+
+
+def _dataset(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[int]], str]:
+    """Rows of the ``train`` split's ``text`` column of a dataset already in the local datasets cache
+    (``HF_DATASETS_CACHE``, under ``HF_HOME``), each tokenized with special tokens and cut to L.
+    The Hub is never contacted: offline mode is on for this call, whatever the environment says."""
     try:
         import datasets
+        import huggingface_hub.constants as hub
     except ImportError:
-        raise _err(spec, "not a file; a Hugging Face dataset id needs `pip install datasets` (and the dataset in the local cache)") from None
+        raise _err(spec, "not a file; a Hugging Face dataset id needs the datasets package: pip install datasets "
+                         "(and the dataset in the local cache)") from None
+    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True  # a cached dataset only: never a download
     try:
-        ds = datasets.load_dataset(spec, split="train", download_mode="reuse_cache_if_exists")
-    except Exception as exc:  # noqa: BLE001
-        raise _err(spec, f"not a file, and no cached Hugging Face dataset of that id ({type(exc).__name__}); "
-                         "give a .jsonl/.txt file or `default`") from None
+        ds = datasets.load_dataset(spec, split="train")
+    except Exception as exc:  # noqa: BLE001 - not cached, no train split, a broken cache: many types
+        raise _err(spec, f"not a file, and no Hugging Face dataset of that id with a train split in the local cache "
+                         f"{datasets.config.HF_DATASETS_CACHE} ({type(exc).__name__}); load it once with datasets while "
+                         "online, or give a .jsonl/.txt file or `default`") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
     if "text" not in ds.column_names:
         raise _err(spec, f"the dataset has no \"text\" column (columns: {', '.join(ds.column_names)})")
     out = []
     for row in ds:
         if isinstance(row["text"], str) and row["text"].strip():
             out.append(_tokenize(root, spec, row["text"], special=True)[:seq_len])
+            if len(out) == samples:  # the first N rows with text: the rest is never tokenized
+                break
     return out, hashlib.sha256(f"{spec}@{getattr(ds, '_fingerprint', '')}".encode()).hexdigest()
 
 

@@ -7,6 +7,8 @@ source), or None for the data-free path, which never imports transformers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..errors import UsageError
@@ -39,9 +41,53 @@ def run_calibration(src: str, calib_data: str, samples: int, seq_len: int, devic
     return doc
 
 
+@dataclass
+class PlannedCalibration:
+    """What ``convert --dry-run --calib-data`` checked and would run; no forward ran, nothing measured.
+
+    The plan treats it as "calibration will replace the constants" (no "uncalibrated" warning) but
+    resolves no scales: a dry run's plan lists the constant-sized tensors, and KV scales would be added."""
+
+    planned = True
+    data: dict
+    model_type: str
+    blocks: int
+    device: str
+    activations_on: str
+
+
+def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, device: torch.device, budget: int | None,
+                     revision=None, quiet: bool = True, recipe: str | None = None, info=None) -> PlannedCalibration:
+    """Everything calibration checks before its forward (the data: format, tokenizer, vocabulary; the
+    architecture: transformers builds it on the meta device, its blocks and tensor names; the memory
+    budget), without running the model."""
+    from ..checkpoint.source import open_source
+    from ..recipe import load_recipe
+    from . import _hidden, _max_positions, _vocab, offload_decision
+    from .data import load_samples
+    from .model import build
+
+    source = open_source(src, revision=revision, quiet=quiet)
+    rec = load_recipe(recipe, source.config.get("model_type"))
+    seq_len = min(seq_len, _max_positions(source.config) or seq_len)
+    _, meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len)
+    act_bytes = 2 * 2 * _hidden(source.config) * meta["tokens"]
+    offload = offload_decision(device, act_bytes, budget, None)
+    sk = build(source.root, source.config, source.tensors, rec, torch.bfloat16)
+    planned = PlannedCalibration(meta, str(source.config.get("model_type")), len(sk.blocks), str(device),
+                                 "host" if offload or device.type == "cpu" else "device")
+    (info or (lambda m: None))(
+        f"dry run: would calibrate {source.label} ({planned.model_type}, {planned.blocks} blocks, one at a time on {device}) "
+        f"on {calib_data}: {meta['samples']} samples, {meta['tokens']} tokens (at most {seq_len} each); hidden states "
+        f"({act_bytes} bytes) in {planned.activations_on} memory; data and architecture checked, no forward run, "
+        f"the input scales (and KV scales) are measured by the real conversion")
+    return planned
+
+
 def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
-                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None) -> ScalesDoc | None:
-    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations)."""
+                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False):
+    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations);
+    with `dry_run` and ``--calib-data``: a :class:`PlannedCalibration` (checked, not run)."""
     if calib_data is None and act_scales is None:
         if calib_samples is not None or calib_seq_len is not None:
             raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
@@ -63,5 +109,8 @@ def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq
         source = open_source(src, revision=revision, quiet=quiet)
         check_source(doc, fingerprint(source.config, source.tensors), source.label)
         return doc
+    if dry_run:
+        return plan_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN,
+                                device, budget, revision, quiet, recipe, info)
     return run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN,
                            device, budget, revision, quiet, recipe, info)

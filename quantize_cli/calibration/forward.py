@@ -6,10 +6,11 @@
                        its outputs become block i+1's inputs
     tail pass (only when a quantizable Linear sits after the blocks, e.g. BERT's pooler)
 
-Samples run one at a time (batch 1, no padding), so no padding token ever reaches an amax and
-the result does not depend on how samples are grouped. Peak device memory is one block plus the
-hidden states of all samples ``[n, L, H]`` (x2 while a block runs); the host holds only the block
-being read. The keyword arguments block 0 received (masks, position embeddings) are reused for
+Samples of equal length run together (a batch ``[B, L]`` of at most ``batch_tokens`` tokens), so
+no padding token ever exists, let alone reaches an amax; samples of different lengths never share
+a batch. Peak device memory is one block plus the hidden states of all samples ``[n, L, H]`` (plus
+one batch's outputs while a block runs); with ``offload`` the hidden states live in host memory
+(pinned when the device is a GPU) and only one batch at a time is on the device. The keyword arguments block 0 received (masks, position embeddings) are reused for
 every block: exact for models whose blocks all use the same attention type (a model mixing
 sliding-window and full layers sees the same mask when ``--calib-seq-len`` <= its window).
 """
@@ -45,17 +46,55 @@ def _model_kwargs(model: torch.nn.Module) -> dict:
     return {"use_cache": False} if "use_cache" in params else {}
 
 
+BATCH_TOKENS = 8192  # tokens per forward: large enough to keep a GPU busy, small next to a block's weights
+
+
+def batches(samples: list[list[int]], batch_tokens: int = BATCH_TOKENS) -> list[list[list[int]]]:
+    """Samples grouped into padding-free batches: equal lengths only, at most `batch_tokens` tokens
+    (at least one sample), in the order the lengths first appear."""
+    by_len: dict[int, list[list[int]]] = {}
+    for s in samples:
+        by_len.setdefault(len(s), []).append(s)
+    out = []
+    for n, group in by_len.items():
+        size = max(1, batch_tokens // n)
+        out.extend(group[i : i + size] for i in range(0, len(group), size))
+    return out
+
+
+def _to(obj, device: torch.device, pin: bool = False):
+    """`obj` (tensors inside tuples, lists and dicts) on `device`; pinned host memory when `pin`."""
+    if isinstance(obj, torch.Tensor):
+        if pin and obj.device.type != "cpu":  # device -> pinned host buffer, asynchronous: the host never reads it,
+            host = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)  # and its copy back is ordered after
+            return host.copy_(obj, non_blocking=True)  # this one on the same stream
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(o, device, pin) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, device, pin) for k, v in obj.items()}
+    return obj
+
+
 @torch.no_grad()
 def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], device: torch.device,
-        recorder: hooks.Recorder, progress: Callable[[int, int, float], None] | None = None) -> dict:
+        recorder: hooks.Recorder, progress: Callable[[int, int, float], None] | None = None,
+        batch_tokens: int = BATCH_TOKENS, offload: bool = False) -> dict:
     """Record, into `recorder`, every Linear input amax and K/V amax of the model over `samples`.
 
-    Returns timing facts: ``{"blocks": n, "seconds": ..., "block_seconds": [...]}``.
+    `offload`: keep the hidden states between blocks in host memory (pinned for a GPU), one batch
+    on the device at a time; the amax are the same either way (the same arithmetic on the device).
+    Returns timing facts: ``{"blocks": n, "batches": b, "seconds": ..., "block_seconds": [...]}``.
     """
     model, blocks = sk.model, sk.blocks
     t0 = time.perf_counter()
+    groups = batches(samples, batch_tokens)
     materialize(sk, model, "", tensors, device, skip=(sk.blocks_path,))
-    states, extra = _capture(model, blocks, samples, device)
+    store = torch.device("cpu") if offload else device
+    pin = offload and device.type == "cuda"
+    states, extra = _capture(model, blocks, groups, device)
+    if offload:
+        states, extra = _to(states, store, pin), _to(extra, store, pin)
     per_block, tuple_out = [], False
     with hooks.active(recorder):
         for i, block in enumerate(blocks):
@@ -65,21 +104,22 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
             handles = hooks.attach(recorder, block, sk.prefix + path, sk.roles)
             try:
                 for j, h in enumerate(states):
-                    out = block(h, *extra[j][0], **extra[j][1])
+                    args, kwargs = _to(extra[j], device) if offload else extra[j]
+                    out = block(h.to(device, non_blocking=True), *args, **kwargs)
                     tuple_out = isinstance(out, (tuple, list))
-                    states[j] = _first(out)
+                    states[j] = _to(_first(out), store, pin) if offload else _first(out)
             finally:
                 hooks.detach(handles)
                 release(block)
             per_block.append(time.perf_counter() - tb)
             if progress:
                 progress(i + 1, len(blocks), per_block[-1])
-        _tail(sk, recorder, samples, states, device, tuple_out)
-    return {"blocks": len(blocks), "seconds": time.perf_counter() - t0, "block_seconds": per_block}
+        _tail(sk, recorder, groups, states, device, tuple_out)
+    return {"blocks": len(blocks), "batches": len(groups), "seconds": time.perf_counter() - t0, "block_seconds": per_block}
 
 
-def _capture(model, blocks, samples, device) -> tuple[list[torch.Tensor], list[tuple[tuple, dict]]]:
-    """Block 0's hidden states and other arguments, per sample."""
+def _capture(model, blocks, groups, device) -> tuple[list[torch.Tensor], list[tuple[tuple, dict]]]:
+    """Block 0's hidden states ``[B, L, H]`` and other arguments, per batch."""
     states, extra = [], []
 
     def stop(mod, args, kwargs):
@@ -87,9 +127,9 @@ def _capture(model, blocks, samples, device) -> tuple[list[torch.Tensor], list[t
 
     handle = blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        for ids in samples:
+        for ids in groups:
             try:
-                model(input_ids=torch.tensor([ids], device=device), **_model_kwargs(model))
+                model(input_ids=torch.tensor(ids, device=device), **_model_kwargs(model))
             except _Stop as s:
                 args, kwargs = tuple(s.args), dict(s.kwargs)
                 h = args[0] if args else kwargs.pop("hidden_states")
@@ -102,7 +142,7 @@ def _capture(model, blocks, samples, device) -> tuple[list[torch.Tensor], list[t
     return states, extra
 
 
-def _tail(sk: Skeleton, recorder: hooks.Recorder, samples, states, device, tuple_out: bool) -> None:
+def _tail(sk: Skeleton, recorder: hooks.Recorder, groups, states, device, tuple_out: bool) -> None:
     """Linears after the blocks (BERT's pooler): rerun the model with blocks passing through the
     final hidden states, so the tail sees exactly what the full model would give it."""
     model, blocks = sk.model, sk.blocks
@@ -123,9 +163,9 @@ def _tail(sk: Skeleton, recorder: hooks.Recorder, samples, states, device, tuple
     try:
         for k, b in enumerate(blocks):
             b.forward = passthrough(k == 0)
-        for ids, h in zip(samples, states):
-            current[:] = [h]
-            model(input_ids=torch.tensor([ids], device=device), **_model_kwargs(model))
+        for ids, h in zip(groups, states):
+            current[:] = [h.to(device)]
+            model(input_ids=torch.tensor(ids, device=device), **_model_kwargs(model))
     finally:
         for b, f in zip(blocks, originals):
             b.forward = f

@@ -183,7 +183,8 @@ def test_cli_exit_codes(tmp_path):
 
 
 def test_text_samples_framed_with_special_tokens(tmp_path):
-    """A .txt is tokenized, cut into L-token samples, each framed as served inputs are ([CLS] ... [SEP] here)."""
+    """A .txt gives consecutive L-token pieces of the whole text and every paragraph on its own, each
+    framed as served inputs are (<s> ... <unk> here, as [CLS] ... [SEP] for BERT)."""
     from tokenizers.processors import TemplateProcessing
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -196,13 +197,28 @@ def test_text_samples_framed_with_special_tokens(tmp_path):
     backend = tok.backend_tokenizer
     backend.post_processor = TemplateProcessing(single="<s> $A <unk>", special_tokens=[("<s>", bos), ("<unk>", unk)])
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>").save_pretrained(folder)
-    text = "The quick brown fox jumps over the lazy dog. " * 40
-    samples, meta = data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=3, seq_len=24)
-    assert meta["samples"] == 3 and meta["tokens"] == 72
-    plain = AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False)["input_ids"]
-    for k, s in enumerate(samples):
-        assert len(s) == 24 and s[0] == bos and s[-1] == unk
-        assert s[1:-1] == plain[22 * k : 22 * k + 22]  # consecutive pieces of the text, none lost or repeated
+    paras = [" ".join(f"fox {i} jumps over dog {i * 7}." for i in range(30)), "A short one.",
+             " ".join(f"the dog sleeps {i} hours." for i in range(9))]  # no repeats: every piece differs
+    text = "\n\n".join(paras) + "\n"
+    samples, meta = data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=100, seq_len=24)
+    plain = AutoTokenizer.from_pretrained(folder)
+    ids = plain(text, add_special_tokens=False)["input_ids"]
+    for s in samples:
+        assert len(s) <= 24 and s[0] == bos and s[-1] == unk
+    bodies = [s[1:-1] for s in samples]
+    assert meta["samples"] == len(samples) and meta["tokens"] == sum(map(len, samples))
+    # long context: consecutive pieces of the whole text, the shorter last one kept (no token lost)
+    pieces = [ids[i : i + 22] for i in range(0, len(ids), 22)]
+    assert len(pieces[-1]) < 22 and all(p in bodies for p in pieces)
+    assert [b for b in bodies if b in pieces] == pieces  # in the text's order
+    # short inputs: every paragraph on its own (cut to L), ordered by where it starts
+    for para in paras:
+        p_ids = plain(para.strip(), add_special_tokens=False)["input_ids"]
+        assert all(p_ids[i : i + 22] in bodies for i in range(0, len(p_ids), 22)), para
+    assert bodies.index(plain("A short one.", add_special_tokens=False)["input_ids"]) > bodies.index(pieces[1])
+    assert len(set(map(tuple, bodies))) == len(bodies)  # a sample seen in both views runs once
+    first, _ = data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=3, seq_len=24)
+    assert first == samples[:3]
     with pytest.raises(UsageError, match="must exceed the 2 special"):
         data._TOKENIZERS.clear()
         data.load_samples(_write(tmp_path, "t.txt", text.encode()), folder, builders.VOCAB, samples=3, seq_len=2)

@@ -44,3 +44,18 @@ def test_gpu_streamed_equals_whole_model_and_cpu(tmp_path, build):
         assert gpu.modules[name]["amax"] == pytest.approx(e["amax"], rel=0.05), name
         compared += 1
     assert compared >= 0.8 * len(cpu.modules)  # routing differs for a few experts at most
+
+
+@pytest.mark.parametrize("build", [builders.llama, builders.qwen3_moe])
+def test_gpu_offloaded_hidden_states_identical(tmp_path, build):
+    """Hidden states in pinned host memory between blocks (one batch on the GPU) give the same amax as
+    keeping them on the GPU: the same kernels run on the same batches."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    folder = build(str(tmp_path / "src"))
+    src = open_source(folder)
+    args = (src, load_recipe(None, src.config.get("model_type")), _jsonl(tmp_path / "c.jsonl"))
+    kept = calibrate(*args, samples=8, seq_len=64, device=torch.device("cuda"), offload=False)
+    moved = calibrate(*args, samples=8, seq_len=64, device=torch.device("cuda"), offload=True)
+    assert kept.run["activations_on"] == "device" and moved.run["activations_on"] == "host"
+    assert moved.modules == kept.modules and moved.kv == kept.kv
