@@ -17,11 +17,14 @@ _MAX_REPORT_BYTES = 256 << 20
 
 
 def _is_our_report(path: str) -> bool:
-    """An earlier ``--report`` (converter name quantize + status) or check/verify ``--json`` document."""
+    """An earlier ``--report`` (converter name quantize + status), check/verify ``--json`` document, or
+    ``quantize calibrate``'s SCALES.json (rerunning a calibration into the same file replaces it)."""
     doc = read_json_or_none(path, max_bytes=_MAX_REPORT_BYTES)
     if doc is None:
         return False
     conv = doc.get("converter")
+    if doc.get("format") == "quantize-act-scales":  # calibration/document.py's FORMAT
+        return True
     return doc.get("command") in ("check", "verify") or (isinstance(conv, dict) and conv.get("name") == "quantize" and "status" in doc)
 
 
