@@ -1,0 +1,88 @@
+"""Where a conversion's resident memory goes: RSS and torch's pinned-host pool, sampled during a run.
+
+Runs ``api.convert`` in this process (a fresh one) with a sampler thread that records, every
+20 ms, the RSS (``/proc/self/statm``), its anonymous part (``RssAnon`` in ``/proc/self/status``:
+what is not a mapped library file) and torch's pinned host caching allocator (allocated and
+reserved bytes, ``torch.cuda.host_memory_stats``). Prints the peaks next to the report's own
+``bytes`` (peak in flight, the baseline it measured), so RSS can be split into baseline, bytes in
+flight and allocator slack.
+
+    python bench/rss_probe.py SRC --algo FP8_PB_WO --budget 4GB --warm      # GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+
+def status_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("src")
+    ap.add_argument("--algo", default="FP8_PB_WO")
+    ap.add_argument("--budget", default="4GB")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--warm", action="store_true", help="read the input once first (page cache warm)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.warm:
+        subprocess.run(f"cat {a.src}/*.safetensors > /dev/null", shell=True, check=True)
+    t0 = time.perf_counter()
+    import torch
+
+    from quantize_cli.api import convert
+
+    samples, stop = [], threading.Event()
+
+    def pinned() -> tuple[int, int]:
+        try:
+            s = torch.cuda.host_memory_stats()
+            return s.get("allocated_bytes.current", 0), s.get("reserved_bytes.current", 0)
+        except Exception:  # no CUDA, or a torch without the call
+            return 0, 0
+
+    def sample():
+        while not stop.is_set():
+            alloc, reserved = pinned()
+            samples.append((time.perf_counter() - t0, status_kb("VmRSS") << 10, status_kb("RssAnon") << 10, alloc, reserved))
+            time.sleep(0.02)
+
+    threading.Thread(target=sample, daemon=True).start()
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(a.src))) as tmp:
+        res = convert(a.src, os.path.join(tmp, "out"), algo=a.algo, device=a.device, memory_budget=a.budget, quiet=True)
+    stop.set()
+    time.sleep(0.05)
+    gb = 1e9
+    peak = max(samples, key=lambda s: s[1])
+    out = {
+        "algo": a.algo, "budget": a.budget, "warm": a.warm, "total_s": res.report["timings_s"]["total_s"],
+        "report_bytes": res.report["bytes"],
+        "peak_rss_GB": peak[1] / gb, "at_peak": {"t_s": peak[0], "rss_anon_GB": peak[2] / gb,
+                                                 "pinned_allocated_GB": peak[3] / gb, "pinned_reserved_GB": peak[4] / gb},
+        "max_pinned_reserved_GB": max(s[4] for s in samples) / gb,
+        "max_pinned_allocated_GB": max(s[3] for s in samples) / gb,
+        "vm_hwm_GB": (status_kb("VmHWM") << 10) / gb,
+        "timeline": [(round(t, 2), round(r / gb, 2), round(an / gb, 2), round(al / gb, 2), round(rs / gb, 2))
+                     for t, r, an, al, rs in samples[:: max(1, len(samples) // 40)]],
+    }
+    print(json.dumps({k: v for k, v in out.items() if k != "timeline"}, indent=1))
+    print("t_s, rss, rss_anon, pinned_alloc, pinned_reserved (GB):", out["timeline"])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
