@@ -26,7 +26,7 @@ import torch
 from .checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .compute import ComputeStage, ErrorStats, RunStats
 from .experts import ViewedTensor
-from .host_memory import inflight_limit, startup_baseline, warm_baseline
+from .host_memory import PinnedPool, inflight_limit, startup_baseline, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
 from .plan import Plan, Task
@@ -96,6 +96,7 @@ class Executor:
         self.pin = device.type == "cuda"
         self.writer_stopped = True  # False after a failure that left the write thread inside a write
         self.baseline_rss = 0  # the process's RSS once warm (with process_budget), for the report
+        self.pinned_trims = 0  # times the pinned pool was given back to CUDA (host_memory.PinnedPool)
         self.warnings: list[str] = []
 
     @staticmethod
@@ -122,9 +123,13 @@ class Executor:
             for index, task in enumerate(self.plan.tasks):
                 if index in self.done:
                     self.progress(task.bytes_in)
+            pool = PinnedPool(self.device, read_budget.limit + write_budget.limit) if self.process_budget is not None else None
             for index, task, steps in todo:
                 compute.run_task(task, steps)
                 out.task_done(index, self.task_outputs(task))
+                if pool is not None:  # the pinned pool's cached blocks count against --memory-budget too
+                    pool.trim()
+                    self.pinned_trims = pool.trims
             with timers.time("wait_write_flush"):
                 out.flush()
         except BaseException as exc:
@@ -137,6 +142,7 @@ class Executor:
         stats = compute.stats
         stats.warnings[:0] = self.warnings
         stats.baseline_rss = self.baseline_rss
+        stats.pinned_trims = self.pinned_trims
         stats.peak_inflight = read_budget.peak + write_budget.peak + stats.peak_held
         stats.stages = {k: round(v, 3) for k, v in sorted(timers.seconds.items())}
         return stats

@@ -71,3 +71,26 @@ def test_before_the_cuda_context_exists_its_size_is_counted(monkeypatch):
     assert host_memory.startup_baseline(torch.device("cpu")) == 700 << 20
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # already in the RSS: not counted twice
     assert host_memory.startup_baseline(torch.device("cuda")) == 700 << 20
+
+
+def test_the_pinned_pool_is_given_back_when_over_the_limit(monkeypatch):
+    """Cached pinned blocks count in RSS: over the in-flight limit they go back to CUDA, blocks in use stay."""
+    import torch
+
+    from quantize_cli import host_memory
+
+    emptied = []
+    monkeypatch.setattr(host_memory, "_empty_host_cache", lambda: lambda: emptied.append(1))
+    stats = {"allocated_bytes.current": 5 << 30, "active_bytes.current": 1 << 30}
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: stats)
+    pool = host_memory.PinnedPool(torch.device("cuda"), limit=3 << 30)
+    pool.trim()
+    assert emptied == [1] and pool.trims == 1
+    stats["allocated_bytes.current"] = 2 << 30  # within the limit: kept for reuse
+    pool.trim()
+    stats.update({"allocated_bytes.current": 4 << 30, "active_bytes.current": 4 << 30})  # all in use: nothing to give back
+    pool.trim()
+    assert emptied == [1]
+    cpu = host_memory.PinnedPool(torch.device("cpu"), limit=0)  # no pinned memory on the CPU path
+    cpu.trim()
+    assert emptied == [1] and cpu.trims == 0
