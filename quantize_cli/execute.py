@@ -106,7 +106,7 @@ class Executor:
 
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
-        read_budget, write_budget = ByteBudget(1), ByteBudget(1)
+        read_budget, write_budget = ByteBudget(1, pinned=self.pin), ByteBudget(1, pinned=self.pin)  # pinned: count torch's blocks
         self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,

@@ -46,17 +46,27 @@ class Timers:
         return _Span()
 
 
+def pinned_block(n: int) -> int:
+    """The bytes torch's pinned host allocator takes for `n`: the next power of two."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 class ByteBudget:
     """A counting semaphore over bytes. One request larger than the whole budget is still
-    granted when nothing else is in flight, so a huge tensor cannot deadlock the pipeline."""
+    granted when nothing else is in flight, so a huge tensor cannot deadlock the pipeline.
 
-    def __init__(self, limit: int):
+    `pinned`: the bytes are pinned host buffers, counted as the blocks torch allocates for them
+    (:func:`pinned_block`), so that the budget bounds the memory really held, not the payload."""
+
+    def __init__(self, limit: int, pinned: bool = False):
         self.limit = max(1, limit)
         self.used = 0
         self.peak = 0
+        self._size = pinned_block if pinned else int
         self._cond = threading.Condition()
 
     def acquire(self, n: int, abort: Callable[[], bool] = lambda: False) -> None:
+        n = self._size(n)
         with self._cond:
             while self.used and self.used + n > self.limit:
                 if abort():
@@ -66,6 +76,7 @@ class ByteBudget:
             self.peak = max(self.peak, self.used)
 
     def release(self, n: int) -> None:
+        n = self._size(n)
         with self._cond:
             self.used -= n
             self._cond.notify_all()
@@ -258,6 +269,8 @@ class AsyncWriter:
         """
         self._raise()
         t = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        with self.timers.time("wait_write_budget"):  # before the pinned buffer exists: the budget bounds it
+            self.budget.acquire(t.numel())
         copied = None
         if t.device.type == "cuda" and t.numel():
             with self.timers.time("d2h"):
@@ -269,8 +282,6 @@ class AsyncWriter:
         elif t.device.type != "cpu":
             t = t.cpu()
         item = ("write", name, t, offset, t.numel(), copied)
-        with self.timers.time("wait_write_budget"):
-            self.budget.acquire(t.numel())
         if self._q is None:
             self._do(item)
         else:

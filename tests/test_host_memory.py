@@ -92,3 +92,17 @@ def test_the_pinned_pool_is_given_back_when_over_the_limit(monkeypatch):
     cpu = host_memory.PinnedPool(torch.device("cpu"), limit=0)  # no pinned memory on the CPU path
     cpu.trim()
     assert emptied == [1] and cpu.trims == 0
+
+
+def test_pinned_budgets_count_the_blocks_torch_allocates():
+    from quantize_cli.pipeline import ByteBudget, pinned_block
+
+    assert [pinned_block(n) for n in (0, 1, 3, 4, 5, 117 << 20)] == [0, 1, 4, 4, 8, 128 << 20]
+    b = ByteBudget(256 << 20, pinned=True)
+    b.acquire(117 << 20)  # a 4096 x 14336 bf16 row block: a 128 MB pinned block
+    assert b.used == 128 << 20
+    b.release(117 << 20)
+    assert b.used == 0 and b.peak == 128 << 20
+    plain = ByteBudget(256 << 20)
+    plain.acquire(117 << 20)
+    assert plain.used == 117 << 20
