@@ -96,7 +96,7 @@ class Executor:
         self.pin = device.type == "cuda"
         self.writer_stopped = True  # False after a failure that left the write thread inside a write
         self.baseline_rss = 0  # the process's RSS once warm (with process_budget), for the report
-        self.pinned_trims = 0  # times the pinned pool was given back to CUDA (host_memory.PinnedPool)
+        self._pool: PinnedPool | None = None  # --memory-budget: trims torch's pinned pool (before reads, after tasks)
         self.warnings: list[str] = []
 
     @staticmethod
@@ -123,13 +123,13 @@ class Executor:
             for index, task in enumerate(self.plan.tasks):
                 if index in self.done:
                     self.progress(task.bytes_in)
-            pool = PinnedPool(self.device, read_budget.limit + write_budget.limit) if self.process_budget is not None else None
+            if self.process_budget is not None:  # the pinned pool's cached blocks count against --memory-budget too
+                self._pool = PinnedPool(self.device, read_budget.limit + write_budget.limit)
             for index, task, steps in todo:
                 compute.run_task(task, steps)
                 out.task_done(index, self.task_outputs(task))
-                if pool is not None:  # the pinned pool's cached blocks count against --memory-budget too
-                    pool.trim()
-                    self.pinned_trims = pool.trims
+                if self._pool is not None:
+                    self._pool.trim()
             with timers.time("wait_write_flush"):
                 out.flush()
         except BaseException as exc:
@@ -142,7 +142,7 @@ class Executor:
         stats = compute.stats
         stats.warnings[:0] = self.warnings
         stats.baseline_rss = self.baseline_rss
-        stats.pinned_trims = self.pinned_trims
+        stats.pinned_trims = self._pool.trims if self._pool is not None else 0
         stats.peak_inflight = read_budget.peak + write_budget.peak + stats.peak_held
         stats.stages = {k: round(v, 3) for k, v in sorted(timers.seconds.items())}
         return stats
@@ -166,6 +166,8 @@ class Executor:
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""
+        if self._pool is not None and not req.raw:  # before a new pinned block: cached ones of other sizes go first
+            self._pool.trim()
         if self.resolver is None:
             return load(req, self.pin, read_rows)
         try:
