@@ -107,6 +107,7 @@ class Executor:
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
         read_budget, write_budget = ByteBudget(1, pinned=self.pin), ByteBudget(1, pinned=self.pin)  # pinned: count torch's blocks
+        self._budgets = (read_budget, write_budget)
         self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
@@ -124,12 +125,11 @@ class Executor:
                 if index in self.done:
                     self.progress(task.bytes_in)
             if self.process_budget is not None:  # the pinned pool's cached blocks count against --memory-budget too
-                self._pool = PinnedPool(self.device, read_budget.limit + write_budget.limit)
+                self._pool = PinnedPool(self.device)
             for index, task, steps in todo:
                 compute.run_task(task, steps)
                 out.task_done(index, self.task_outputs(task))
-                if self._pool is not None:
-                    self._pool.trim()
+                self._trim()
             with timers.time("wait_write_flush"):
                 out.flush()
         except BaseException as exc:
@@ -164,10 +164,13 @@ class Executor:
         read_budget.set_limit(read_share)
         write_budget.set_limit(limit - read_share)
 
+    def _trim(self) -> None:
+        if self._pool is not None:
+            self._pool.trim(sum(b.used for b in self._budgets))
+
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""
-        if self._pool is not None and not req.raw:  # before a new pinned block: cached ones of other sizes go first
-            self._pool.trim()
+        self._trim()  # before a new buffer: cached pinned blocks of other sizes go first
         if self.resolver is None:
             return load(req, self.pin, read_rows)
         try:

@@ -63,31 +63,36 @@ def _empty_host_cache():
     return None
 
 
+POOL_SLACK = 256 << 20  # cached pinned bytes tolerated beyond those in flight before they are given back
+
+
 class PinnedPool:
-    """Keeps torch's pinned host pool within the bytes allowed in flight.
+    """Keeps torch's pinned host pool close to the bytes really in flight.
 
     Pinned buffers (reads ahead, device-to-host copies behind) come from torch's host caching
     allocator, which rounds every block up to a power of two and keeps freed blocks for reuse,
-    per size. The byte budgets bound the bytes in use, but the pool also holds every size class
-    ever needed: measured on the GPU machine, warm, 4.9 GB of pinned pool for 3.3 GB in flight
-    (bench/rss_probe.py), which is what pushed RSS past the budget. :meth:`trim` (after each
-    task) returns the cached blocks to CUDA when the pool is over `limit`; blocks in use stay
-    (the call frees only blocks no longer in use).
+    per size. The byte budgets bound the bytes in use, but the pool also keeps every size class
+    once needed: measured on the GPU machine, warm, 4.9 GB of pinned pool for 3.3 GB in flight
+    (bench/rss_probe.py), which pushed RSS past the budget. The process holds about baseline +
+    bytes in flight + the pool's cached blocks; :meth:`trim` (before each read, after each task)
+    gives the cached blocks back to CUDA when the pool exceeds the bytes in flight by more than
+    :data:`POOL_SLACK` (torch frees only blocks no longer in use).
     """
 
-    def __init__(self, device, limit: int):
-        self.limit = limit
+    def __init__(self, device, slack: int = POOL_SLACK):
+        self.slack = slack
         self.trims = 0
         self._empty = _empty_host_cache() if getattr(device, "type", "cpu") == "cuda" else None
 
-    def trim(self) -> None:
+    def trim(self, in_flight: int) -> None:
+        """`in_flight`: the bytes the budgets hold now (pinned ones counted as torch's blocks)."""
         if self._empty is None:
             return
         import torch
 
-        # No test on the active bytes: a freed block counts as active until the allocator next
+        # Not torch's "active" bytes: a freed block counts as active until the allocator next
         # processes its stream events, which emptying the cache does first (measured: never trimmed).
-        if torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) > self.limit:
+        if torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) > in_flight + self.slack:
             self._empty()
             self.trims += 1
 
@@ -104,4 +109,4 @@ def inflight_limit(budget: int, baseline: int, flag_value: str | int = "") -> tu
                    f"about {(baseline + floor) / 1e9:.1f} GB; give a budget above {(baseline + floor) / 1e9:.1f} GB to stay within it")
 
 
-__all__ = ["PinnedPool", "rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]
+__all__ = ["PinnedPool", "POOL_SLACK", "rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]
