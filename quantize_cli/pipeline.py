@@ -106,9 +106,9 @@ class Read:
 
 
 def load(req: Read, pin: bool, reader: Callable) -> torch.Tensor:
-    """Perform `req` into a new buffer: raw uint8 bytes (pageable), or a typed row block (pinned with `pin`)."""
-    if req.raw:  # copied verbatim, never sent to the device: pageable memory (no pinned block to cache)
-        buf = torch.empty(req.count, dtype=torch.uint8)
+    """Perform `req` into a new (pinned) buffer: raw uint8 bytes, or a typed row block."""
+    if req.raw:  # pinned too (with `pin`): the budgets and host_memory.PinnedPool then account every buffer alike
+        buf = torch.empty(req.count, dtype=torch.uint8, pin_memory=pin)
         if req.count:
             read_bytes_into(req.info, byte_view(buf), req.start, req.count)
         return buf
