@@ -107,7 +107,6 @@ class Executor:
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
         read_budget, write_budget = ByteBudget(1, pinned=self.pin), ByteBudget(1, pinned=self.pin)  # pinned: count torch's blocks
-        self._budgets = (read_budget, write_budget)
         self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
@@ -125,7 +124,7 @@ class Executor:
                 if index in self.done:
                     self.progress(task.bytes_in)
             if self.process_budget is not None:  # the pinned pool's cached blocks count against --memory-budget too
-                self._pool = PinnedPool(self.device)
+                self._pool = PinnedPool(self.device, read_budget.limit + write_budget.limit)
             for index, task, steps in todo:
                 compute.run_task(task, steps)
                 out.task_done(index, self.task_outputs(task))
@@ -166,7 +165,7 @@ class Executor:
 
     def _trim(self) -> None:
         if self._pool is not None:
-            self._pool.trim(sum(b.used for b in self._budgets))
+            self._pool.trim()
 
     def _load(self, req: Read) -> torch.Tensor:
         """Perform one planned read (through the low-disk resolver when the source is remote)."""

@@ -73,8 +73,8 @@ def test_before_the_cuda_context_exists_its_size_is_counted(monkeypatch):
     assert host_memory.startup_baseline(torch.device("cuda")) == 700 << 20
 
 
-def test_the_pinned_pool_is_given_back_when_its_cached_blocks_exceed_the_slack(monkeypatch):
-    """Cached pinned blocks count in RSS: beyond the bytes in flight + slack they go back to CUDA."""
+def test_the_pinned_pool_is_given_back_when_over_the_limit(monkeypatch):
+    """Cached pinned blocks count in RSS: over the in-flight limit they go back to CUDA (torch frees only unused ones)."""
     import torch
 
     from quantize_cli import host_memory
@@ -83,15 +83,14 @@ def test_the_pinned_pool_is_given_back_when_its_cached_blocks_exceed_the_slack(m
     monkeypatch.setattr(host_memory, "_empty_host_cache", lambda: lambda: emptied.append(1))
     stats = {"allocated_bytes.current": 5 << 30}
     monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: stats)
-    pool = host_memory.PinnedPool(torch.device("cuda"), slack=256 << 20)
-    pool.trim(in_flight=3 << 30)  # 2 GB cached beyond what is in flight
+    pool = host_memory.PinnedPool(torch.device("cuda"), limit=3 << 30)
+    pool.trim()
     assert emptied == [1] and pool.trims == 1
-    pool.trim(in_flight=5 << 30)  # all of it in flight: kept
-    stats["allocated_bytes.current"] = (3 << 30) + (200 << 20)  # within the slack: kept for reuse
-    pool.trim(in_flight=3 << 30)
+    stats["allocated_bytes.current"] = 2 << 30  # within the limit: kept for reuse (pinning again is slow)
+    pool.trim()
     assert emptied == [1]
-    cpu = host_memory.PinnedPool(torch.device("cpu"))  # no pinned memory on the CPU path
-    cpu.trim(in_flight=0)
+    cpu = host_memory.PinnedPool(torch.device("cpu"), limit=0)  # no pinned memory on the CPU path
+    cpu.trim()
     assert emptied == [1] and cpu.trims == 0
 
 
