@@ -1,11 +1,12 @@
 """--memory-budget counts the whole process, not only the bytes in flight.
 
-A converting process holds a fixed baseline before it moves a byte: torch and its libraries, and
-on a GPU the CUDA context, the Triton kernels and their host-side caches (about 2.4 GB on the GPU
-machine, see docs/performance.md "Memory"). The executor's byte budgets bound only what is in
-flight, so the peak RSS was baseline + budget. Here the baseline is measured once the device is
-warm and taken off the budget: in flight = budget - baseline, never under a floor (a budget
-smaller than the baseline cannot be met; the run says so and goes on with the floor).
+A converting process holds a baseline before it moves a byte: torch and its libraries, and on a
+GPU the CUDA context and the Triton kernels (0.63-0.70 GB RSS on the GPU machine once warm,
+docs/performance.md "Memory"). The executor's byte budgets bound only what is in flight, so the
+baseline is measured once the device is warm and taken off the budget: in flight = budget -
+baseline, never under a floor (a budget smaller than the baseline cannot be met; the run says so
+and goes on with the floor). Pinned buffers come from torch's caching host allocator, whose pool
+is kept within the in-flight limit by :class:`PinnedPool`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 import os
 
 MIN_INFLIGHT = 256 << 20  # in-flight floor: below it reads and writes stop overlapping usefully
-# What creating the CUDA context (with cuBLAS, the Triton kernels and their host caches) adds to the
-# RSS of a process that has imported torch: ~1.7 GB on the GPU machine (2.4 GB warm baseline less
-# ~0.7 GB for torch alone; docs/performance.md "Memory"). Assumed until the context exists and the
-# real baseline is measured: reads start at once and, warm, would otherwise fill a budget that
-# the context then pushes over (measured: 5.9 GB peak with a 4 GB budget).
-CUDA_CONTEXT_ESTIMATE = 2 << 30
+# What creating the CUDA context (with the Triton kernels) adds to the RSS of a process that has
+# imported torch: measured ~0.15-0.2 GB on the GPU machine (0.52 GB after `import torch`, 0.63-0.70
+# GB once warm; bench/rss_probe.py), rounded up. Counted until the context exists and the real
+# baseline is measured, because reads start at once and would otherwise fill what it takes.
+CUDA_CONTEXT_ESTIMATE = 512 << 20
 
 
 def rss_bytes() -> int:
