@@ -3,10 +3,10 @@ compressed-tensors outputs of the golden tiny Llama (converted to /tmp/ct/ours-A
 bench/ct_vllm_decisions.py) and their own dequantization equals our scheme.dequantize (bf16, bit for bit).
     /root/upstream-venv/bin/python bench/ct_transformers_roundtrip.py INT8 FP8_PER_CHANNEL_PER_TOKEN FP8_PB_WO W4A16_NVFP4 FP8 NVFP4
 """
-import sys, glob, json, torch
+import os, sys, glob, json, torch
 from transformers import AutoModelForCausalLM
 from safetensors.torch import load_file
-sys.path.insert(0, "/work/wt-ct")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from quantize_cli.formats import CT_SCHEMES
 for algo in sys.argv[1:]:
     d = f"/tmp/ct/ours-{algo}"

@@ -221,15 +221,10 @@ def _pick_device(ray, device: str) -> str:
 
 def _read_journal(folder: str, fp: str) -> dict[int, str]:
     """Shard index -> CRC journaled by an earlier Ray run (its fingerprint must match)."""
-    import json
-
+    from ..jsonfile import read_json_or_none
     from ..resume import JOURNAL, STATE
 
-    try:
-        with open(os.path.join(folder, STATE)) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        state = {}
+    state = read_json_or_none(os.path.join(folder, STATE)) or {}
     if state.get("fingerprint") != fp:
         raise DestinationError(f"{folder}: the earlier run used other options or another source (fingerprint differs); "
                                f"rerun without --resume to start over")
