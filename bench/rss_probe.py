@@ -1,9 +1,9 @@
 """Where a conversion's resident memory goes: RSS and torch's pinned-host pool, sampled during a run.
 
 Runs ``api.convert`` in this process (a fresh one) with a sampler thread that records, every
-20 ms, the RSS (``/proc/self/statm``), its anonymous part (``RssAnon`` in ``/proc/self/status``:
-what is not a mapped library file) and torch's pinned host caching allocator (allocated and
-reserved bytes, ``torch.cuda.host_memory_stats``). Prints the peaks next to the report's own
+20 ms, the RSS (``VmRSS``), its anonymous part (``RssAnon`` in ``/proc/self/status``:
+what is not a mapped library file) and the bytes of the blocks torch's pinned host caching
+allocator owns, in use and cached (``torch.cuda.host_memory_stats``). Prints the peaks next to the report's own
 ``bytes`` (peak in flight, the baseline it measured), so RSS can be split into baseline, bytes in
 flight and allocator slack.
 
@@ -46,17 +46,16 @@ def main() -> None:
 
     samples, stop = [], threading.Event()
 
-    def pinned() -> tuple[int, int]:
+    def pinned() -> int:
+        """Bytes of pinned blocks torch's host allocator owns (in use + cached)."""
         try:
-            s = torch.cuda.host_memory_stats()
-            return s.get("allocated_bytes.current", 0), s.get("reserved_bytes.current", 0)
+            return torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
         except Exception:  # no CUDA, or a torch without the call
-            return 0, 0
+            return 0
 
     def sample():
         while not stop.is_set():
-            alloc, reserved = pinned()
-            samples.append((time.perf_counter() - t0, status_kb("VmRSS") << 10, status_kb("RssAnon") << 10, alloc, reserved))
+            samples.append((time.perf_counter() - t0, status_kb("VmRSS") << 10, status_kb("RssAnon") << 10, pinned()))
             time.sleep(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -69,16 +68,14 @@ def main() -> None:
     out = {
         "algo": a.algo, "budget": a.budget, "warm": a.warm, "total_s": res.report["timings_s"]["total_s"],
         "report_bytes": res.report["bytes"],
-        "peak_rss_GB": peak[1] / gb, "at_peak": {"t_s": peak[0], "rss_anon_GB": peak[2] / gb,
-                                                 "pinned_allocated_GB": peak[3] / gb, "pinned_reserved_GB": peak[4] / gb},
-        "max_pinned_reserved_GB": max(s[4] for s in samples) / gb,
-        "max_pinned_allocated_GB": max(s[3] for s in samples) / gb,
+        "peak_rss_GB": peak[1] / gb, "at_peak": {"t_s": peak[0], "rss_anon_GB": peak[2] / gb, "pinned_pool_GB": peak[3] / gb},
+        "max_pinned_pool_GB": max(s[3] for s in samples) / gb,
         "vm_hwm_GB": (status_kb("VmHWM") << 10) / gb,
-        "timeline": [(round(t, 2), round(r / gb, 2), round(an / gb, 2), round(al / gb, 2), round(rs / gb, 2))
-                     for t, r, an, al, rs in samples[:: max(1, len(samples) // 40)]],
+        "timeline": [(round(t, 2), round(r / gb, 2), round(an / gb, 2), round(p / gb, 2))
+                     for t, r, an, p in samples[:: max(1, len(samples) // 40)]],
     }
     print(json.dumps({k: v for k, v in out.items() if k != "timeline"}, indent=1))
-    print("t_s, rss, rss_anon, pinned_alloc, pinned_reserved (GB):", out["timeline"])
+    print("t_s, rss, rss_anon, pinned_pool (GB):", out["timeline"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -16,6 +16,7 @@ import os
 import shutil
 
 from ..errors import DestinationError
+from .durable import fsync_path  # a folder too: its entries (the renames) reach the disk
 
 LOCK_NAME = ".quantize.lock"
 
@@ -129,7 +130,7 @@ class Destination:
             try:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.partial, LOCK_NAME))
-                _fsync_dir(self.partial)
+                fsync_path(self.partial)
                 if os.path.lexists(self.dst):
                     old = os.path.join(self.parent, f".{os.path.basename(self.dst)}.old-{os.getpid()}")
                     os.rename(self.dst, old)
@@ -143,7 +144,7 @@ class Destination:
             except OSError as exc:
                 raise DestinationError(f"{self.dst}: cannot publish the finished output ({exc.strerror}); check permissions and space") from exc
             with contextlib.suppress(OSError):  # DST is complete and in place; durability of the rename is best effort
-                _fsync_dir(self.parent)
+                fsync_path(self.parent)
             self.release()
         if old:  # the replaced DST: a folder, or a link to one (only the link goes; its target is not ours)
             if os.path.islink(old):
@@ -190,10 +191,3 @@ class Destination:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,7 +13,7 @@ import shutil
 
 
 def fsync_path(path: str) -> None:
-    """Flush `path`'s data to disk (a file already written and closed)."""
+    """Flush `path` to disk: a file already written and closed, or a folder (its entries, e.g. a rename)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

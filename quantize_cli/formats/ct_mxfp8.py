@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..schemes.base import Spec
-from ..schemes.mxfp8 import MX_BLOCK, E8M0_BIAS, e8m0_to_float, pow2
+from ..schemes.base import k_group_problem
+from ..schemes.mxfp8 import MX_BLOCK, E8M0_BIAS, e8m0_to_float, mx_outputs, pow2
 from ..schemes.numerics import E4M3_MAX
 from .ct_schemes import CtScheme, _t
 
@@ -67,15 +67,10 @@ class CtMxfp8(CtScheme):
     """``MXFP8``: e4m3 ``weight [N, K]`` and uint8 e8m0 ``weight_scale [N, K/32]``, compressed-tensors' rule."""
 
     def shape_problem(self, shape):
-        problem = super().shape_problem(shape)
-        if problem is None and shape[1] % MX_BLOCK:
-            problem = f"needs in-features (dim 1) divisible by {MX_BLOCK} for MXFP8 groups, got {list(shape)}"
-        return problem
+        return super().shape_problem(shape) or k_group_problem(shape, MX_BLOCK, "MXFP8 groups")
 
-    def outputs(self, shape):
-        n, k = shape
-        out: dict[str, Spec] = {"weight": ("F8_E4M3", (n, k)), "weight_scale": ("U8", (n, k // MX_BLOCK))}
-        return out
+    def outputs(self, shape):  # the same tensors as ModelOpt's MXFP8; only the exponent rule differs
+        return mx_outputs(shape)
 
     def quantize(self, w, global_amax=None):
         n, k = w.shape

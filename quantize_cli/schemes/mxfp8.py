@@ -99,6 +99,12 @@ def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     return pow2(scale.to(torch.int32) - E8M0_BIAS)
 
 
+def mx_outputs(shape) -> dict[str, Spec]:
+    """MXFP8's tensors for a ``[N, K]`` weight (ModelOpt and compressed-tensors alike)."""
+    n, k = shape
+    return {"weight": ("F8_E4M3", (n, k)), "weight_scale": ("U8", (n, k // MX_BLOCK))}
+
+
 @dataclass(frozen=True)
 class Mxfp8(Scheme):
     """``MXFP8``: e4m3 ``weight [N, K]`` and uint8 e8m0 ``weight_scale [N, K/32]``."""
@@ -107,9 +113,7 @@ class Mxfp8(Scheme):
         return super().shape_problem(shape) or k_group_problem(shape, MX_BLOCK, "MXFP8 blocks")
 
     def outputs(self, shape):
-        n, k = shape
-        out: dict[str, Spec] = {"weight": ("F8_E4M3", (n, k)), "weight_scale": ("U8", (n, k // MX_BLOCK))}
-        return out
+        return mx_outputs(shape)
 
     def quantize(self, w, global_amax=None):
         n, k = w.shape
