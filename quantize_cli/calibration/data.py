@@ -9,7 +9,8 @@ Accepted ``--calib-data``:
 * ``FILE.jsonl``: one JSON object per line, with ``"input_ids"`` (used as is: no BOS added,
   truncated to L) or ``"text"`` (tokenized with the checkpoint's own tokenizer, truncated to L);
 * ``FILE.txt``: as ``default``;
-* a Hugging Face dataset id already in the local cache (needs ``datasets``; column ``text``).
+* a Hugging Face dataset id already in the local Hub cache (split ``train``, column ``text``;
+  :mod:`.hub_data`; no ``datasets`` package needed).
 
 Every problem is one line naming the file, the line and the rule.
 """
@@ -22,6 +23,7 @@ import os
 from importlib import resources
 
 from ..errors import CalibrationError, UsageError
+from . import hub_data
 
 DEFAULT = "default"
 
@@ -182,34 +184,19 @@ def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
 
 
 def _dataset(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[int]], str]:
-    """Rows of the ``train`` split's ``text`` column of a dataset already in the local datasets cache
-    (``HF_DATASETS_CACHE``, under ``HF_HOME``), each tokenized with special tokens and cut to L.
-    The Hub is never contacted: offline mode is on for this call, whatever the environment says."""
-    try:
-        import datasets
-        import huggingface_hub.constants as hub
-    except ImportError:
-        raise _err(spec, "not a file; a Hugging Face dataset id needs the datasets package: pip install datasets "
-                         "(and the dataset in the local cache)") from None
-    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True  # a cached dataset only: never a download
-    try:
-        ds = datasets.load_dataset(spec, split="train")
-    except Exception as exc:  # noqa: BLE001 - not cached, no train split, a broken cache: many types
-        raise _err(spec, f"not a file, and no Hugging Face dataset of that id with a train split in the local cache "
-                         f"{datasets.config.HF_DATASETS_CACHE} ({type(exc).__name__}); load it once with datasets while "
-                         "online, or give a .jsonl/.txt file or `default`") from None
-    finally:
-        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
-    if "text" not in ds.column_names:
-        raise _err(spec, f"the dataset has no \"text\" column (columns: {', '.join(ds.column_names)})")
+    """The first `samples` ``text`` rows of the ``train`` split of a dataset in the local Hub cache
+    (:mod:`.hub_data`), each tokenized with special tokens and cut to L. The digest names the
+    cached revision and the files read, so a re-fetched dataset is a new source of scales."""
+    folder = hub_data.snapshot(spec)
+    files = hub_data.train_files(spec, folder)
     out = []
-    for row in ds:
-        if isinstance(row["text"], str) and row["text"].strip():
-            out.append(_tokenize(root, spec, row["text"], special=True)[:seq_len])
-            if len(out) == samples:  # the first N rows with text: the rest is never tokenized
+    for text in hub_data.texts(spec, folder, files):
+        if text.strip():
+            out.append(_tokenize(root, spec, text, special=True)[:seq_len])
+            if len(out) == samples:  # the first N rows with text: the rest is never read on
                 break
-    return out, hashlib.sha256(f"{spec}@{getattr(ds, '_fingerprint', '')}".encode()).hexdigest()
+    revision = os.path.basename(os.path.normpath(folder))
+    return out, hashlib.sha256(f"{spec}@{revision}:{','.join(files)}".encode()).hexdigest()
 
 
 def _check_vocab(spec: str, samples: list[list[int]], vocab_size: int | None) -> None:
