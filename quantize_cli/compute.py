@@ -9,7 +9,6 @@ and outputs go to the write stage (``write(name, tensor, byte offset)``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +18,7 @@ from .finite import check_finite, finite_flag, raise_non_finite, refuse_non_fini
 from .pipeline import Read, Timers
 from .plan import Member, Plan, Task
 from .schedule import Amax, Const, Copy, Hold, PackExperts, PackGroup, Quantize, Share, Step
+from .schemes.numerics import error_fields, square_sums
 from .schemes.search import error_reduction, searched_baseline
 
 # A fused-group member under this fraction of the group's shared amax quantizes to (almost) zero:
@@ -36,16 +36,14 @@ class ErrorStats:
     noise_rtn: float | None = None
 
     def add(self, ref: torch.Tensor, deq: torch.Tensor, rtn: torch.Tensor | None = None) -> None:
-        ref = ref.double()
-        self.signal += float(ref.square().sum())
-        self.noise += float((ref - deq.double()).square().sum())
+        sums = square_sums(ref, deq, *([] if rtn is None else [rtn]))
+        self.signal += sums[0]
+        self.noise += sums[1]
         if rtn is not None:
-            self.noise_rtn = (self.noise_rtn or 0.0) + float((ref - rtn.double()).square().sum())
+            self.noise_rtn = (self.noise_rtn or 0.0) + sums[2]
 
     def summary(self) -> dict:
-        rel = 0.0 if self.noise == 0 else (math.sqrt(self.noise / self.signal) if self.signal else math.inf)
-        sqnr = math.inf if self.noise == 0 else (10 * math.log10(self.signal / self.noise) if self.signal else -math.inf)
-        out = {"rel_error": rel, "sqnr_db": sqnr}
+        out = error_fields(self.signal, self.noise)
         if self.noise_rtn is not None:
             out.update(error_reduction(self.signal, self.noise, self.noise_rtn))
         return out

@@ -326,7 +326,7 @@ def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bo
 def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
     from .checkpoint.source import open_source
     from .experts import expand, read_virtual
-    from .schemes.numerics import relative_error, sqnr_db
+    from .schemes.numerics import error_fields, square_sums
     from .schemes.search import compare_with_rtn
 
     source = open_source(src)
@@ -347,7 +347,7 @@ def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResu
         if tuple(deq.shape) != tuple(w.shape):
             res.add(ERROR, "source", mod, f"{mod}: shape {list(deq.shape)} differs from the source's {list(w.shape)}")
             continue
-        res.errors_by_tensor[f"{mod}.weight"] = {"sqnr_db": sqnr_db(w, deq), "rel_error": relative_error(w, deq)}
+        res.errors_by_tensor[f"{mod}.weight"] = error_fields(*square_sums(w, deq))
         if searched:  # written with --scale-search: how much better than round-to-nearest under the same global scale
             res.errors_by_tensor[f"{mod}.weight"].update(compare_with_rtn(scheme, w, q, deq))
     by_algo: dict[str, list[float]] = {}  # medians per algorithm (a mixed checkpoint holds several)

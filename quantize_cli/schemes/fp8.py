@@ -111,5 +111,8 @@ class Fp8Block(Scheme):
 
     def dequantize(self, q):
         w = q["weight"]
-        s = q["weight_scale"][:, 0, :, 0]
-        return w.float() * expand_blocks(s, (BLOCK, BLOCK), tuple(w.shape))
+        s = q["weight_scale"][:, 0, :, 0].to(w.device)
+        n, k = w.shape
+        if n % BLOCK == 0 and k % BLOCK == 0:  # broadcast over a 4-D view: no expanded scale copy
+            return w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK).mul_(s[:, None, :, None]).reshape(n, k)
+        return w.float() * expand_blocks(s, (BLOCK, BLOCK), (n, k))

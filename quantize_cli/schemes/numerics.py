@@ -99,21 +99,33 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
 
 
+def square_sums(ref: torch.Tensor, *approx: torch.Tensor) -> list[float]:
+    """``[||ref||^2, ||ref - a||^2 for a in approx]`` (any equal shapes; one device sync).
+
+    fp32 with torch's cascaded sums (relative error ~1e-7 here, against fp64's: far below the
+    0.1 dB the reports print) at a third of fp64's cost on the CPU, where it made --report 3x
+    slower; fp64 only when fp32 overflows (values above ~1.8e19)."""
+    for dtype in (torch.float32, torch.float64):
+        r = ref.to(dtype)
+        sums = torch.stack([r.square().sum()] + [(r - a.to(dtype)).square_().sum() for a in approx]).tolist()
+        if all(math.isfinite(x) for x in sums):
+            break
+    return sums
+
+
+def error_fields(signal: float, noise: float) -> dict[str, float]:
+    """``{"rel_error": |ref - approx| / |ref|, "sqnr_db": 10 log10(signal / noise)}`` from the squared
+    norms :func:`square_sums` returns (rel_error 0 and SQNR inf when exact)."""
+    rel = 0.0 if noise == 0 else (math.sqrt(noise / signal) if signal else math.inf)
+    sqnr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal else -math.inf)
+    return {"rel_error": rel, "sqnr_db": sqnr}
+
+
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio ``20 log10(|ref| / |ref - approx|)`` in dB (inf if exact)."""
-    ref, approx = ref.double(), approx.double()
-    noise = torch.linalg.vector_norm(ref - approx).item()
-    signal = torch.linalg.vector_norm(ref).item()
-    if noise == 0:
-        return math.inf
-    if signal == 0:
-        return -math.inf
-    return 20.0 * math.log10(signal / noise)
+    return error_fields(*square_sums(ref, approx))["sqnr_db"]
 
 
 def relative_error(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """``|ref - approx| / |ref|`` (Frobenius norms; 0 for an exact all-zero tensor)."""
-    ref, approx = ref.double(), approx.double()
-    signal = torch.linalg.vector_norm(ref).item()
-    noise = torch.linalg.vector_norm(ref - approx).item()
-    return 0.0 if noise == 0 else (noise / signal if signal else math.inf)
+    return error_fields(*square_sums(ref, approx))["rel_error"]

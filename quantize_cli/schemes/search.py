@@ -56,6 +56,7 @@ from .numerics import (
     expand_blocks,
     pack_nibbles,
     scale_from_amax,
+    square_sums,
 )
 from .nvfp4 import Nvfp4, block_scales, global_scale
 
@@ -269,9 +270,7 @@ def compare_with_rtn(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.T
     rtn = rtn_dequantize(scheme, w, written)
     if rtn is None:
         return {}
-    ref = w.double()
-    return error_reduction(float(ref.square().sum()), float((ref - deq.double()).square().sum()),
-                           float((ref - rtn.double()).square().sum()))
+    return error_reduction(*square_sums(w, deq, rtn))
 
 
 def error_reduction(signal: float, noise: float, noise_rtn: float) -> dict:

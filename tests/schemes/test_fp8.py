@@ -109,3 +109,35 @@ def test_one_scale_routine_by_block_shape(granularity):
     if granularity == "tensor":  # a given (shared) amax replaces max |w|
         _, s2 = quantize_blocks(w, (bn, bk), torch.tensor(896.0))
         assert s2.item() == 2.0
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 96)])
+def test_block_dequantize_view_equals_expanded_scales(shape):
+    """FP8_PB_WO dequantizes through a broadcast 4-D view when both dims are 128-multiples and
+    through expanded scales otherwise: both are w x scale of its block, value for value."""
+    from quantize_cli.schemes.numerics import expand_blocks
+
+    torch.manual_seed(0)
+    w = torch.randn(shape).bfloat16()
+    q = SCHEMES["FP8_PB_WO"].quantize(w)
+    want = q["weight"].float() * expand_blocks(q["weight_scale"][:, 0, :, 0], (128, 128), shape)
+    assert torch.equal(SCHEMES["FP8_PB_WO"].dequantize(q), want)
+
+
+def test_square_sums_fp32_agrees_with_fp64_and_falls_back_on_overflow():
+    """--report's norms are summed in fp32 (a third of fp64's CPU time) to ~1e-7 of the fp64 sums;
+    values whose squares overflow fp32 are summed in fp64 rather than reported as inf."""
+    from quantize_cli.schemes.numerics import error_fields, square_sums
+
+    torch.manual_seed(0)
+    ref = torch.randn(1024, 4096).bfloat16()
+    deq = SCHEMES["FP8"].dequantize(SCHEMES["FP8"].quantize(ref))
+    r64, d64 = ref.double(), deq.double()
+    want = [float(r64.square().sum()), float((r64 - d64).square().sum())]
+    got = square_sums(ref, deq)
+    assert all(abs(g - w) <= 1e-6 * w for g, w in zip(got, want)), (got, want)
+    big = torch.full((4, 4), 1e30, dtype=torch.bfloat16)
+    signal, noise = square_sums(big, big * 0.5)
+    assert signal == pytest.approx(16 * float(big[0, 0]) ** 2, rel=1e-12) and noise == pytest.approx(signal / 4, rel=1e-12)
+    assert error_fields(signal, noise)["sqnr_db"] == pytest.approx(10 * torch.log10(torch.tensor(4.0)).item())
+    assert error_fields(1.0, 0.0) == {"rel_error": 0.0, "sqnr_db": float("inf")}
