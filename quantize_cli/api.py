@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from . import prefetch
 from .checkpoint.destination import Destination
 from .checkpoint.durable import copy_durable
 from .checkpoint.metadata import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
@@ -282,7 +283,10 @@ def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
         return _already_complete(plan, opts.dst, options, plan.source.root or plan.source.label, opts.report, timings, con)
     for w in plan.warnings:
         con.warn(w)
-    dest, stats, verified = _write(opts, ok, plan, options, timings, t0, con)
+    try:
+        dest, stats, verified = _write(opts, ok, plan, options, timings, t0, con)
+    finally:
+        prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     return _finish(opts, plan, options, dest, stats, verified, timings, con)
 
 
@@ -577,11 +581,13 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
             reads = Schedule(plan, **sizes).reads(t for i, t in enumerate(plan.tasks) if i not in done)
             resolver = LazyShards(hub[0], hub[1], dest.path(".source-shards"), reads, plan.source.tensors)
         bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize", disable=con.quiet or not sys.stderr.isatty())
+        warmed = prefetch.stop()  # our own reads start now: the start-up warm-up (cli.convert) has done its part
         executor = Executor(plan, writer, dev, **sizes, quantize_fn=_quantize_fn(dev, con, options.get("kernels", "auto"), is_ct(plan.scheme)),
                             measure_error=measure, progress=bar.update, done=done, on_task_written=journal.append, resolver=resolver,
                             process_budget=budget)
         try:
             stats = executor.run()
+            stats.warmed = warmed
         finally:
             bar.close()
             journal.close()

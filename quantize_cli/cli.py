@@ -121,6 +121,12 @@ def convert(src, dst, quiet, debug, **options):
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
+        if not (options["dry_run"] or options["resume"]) and options["executor"] == "local":
+            from . import prefetch
+
+            # The disk reads ahead while torch imports (prefetch.py); api stops it. Not on --resume
+            # (the first bytes are likely done) nor for Ray (its workers read, maybe elsewhere).
+            prefetch.start(src)
         from .api import run
         from .options import ConvertOptions
 

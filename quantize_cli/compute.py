@@ -56,6 +56,7 @@ class RunStats:
     peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer)
     baseline_rss: int = 0  # the process's RSS once the device was warm (host_memory.py), when counted
     pinned_trims: int = 0  # times the pinned host pool was given back to CUDA (host_memory.PinnedPool)
+    warmed: int = 0  # source bytes the start-up warm-up asked the kernel to read ahead (prefetch.py)
     errors: dict = field(default_factory=dict)  # module -> ErrorStats
     stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
     warnings: list = field(default_factory=list)  # printed by the caller after the run

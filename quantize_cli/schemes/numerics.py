@@ -99,16 +99,23 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
 
 
+#: Below this ||ref||^2, fp32 squares may have underflowed enough to matter: sum in fp64 instead.
+#: (Each lost square is < 1.2e-38, so with >= 1e-12 of signal even 1e9 of them move the SQNR only
+#: where it is above ~170 dB.)
+FP32_MIN_SIGNAL = 1e-12
+
+
 def square_sums(ref: torch.Tensor, *approx: torch.Tensor) -> list[float]:
     """``[||ref||^2, ||ref - a||^2 for a in approx]`` (any equal shapes; one device sync).
 
     fp32 with torch's cascaded sums (relative error ~1e-7 here, against fp64's: far below the
     0.1 dB the reports print) at a third of fp64's cost on the CPU, where it made --report 3x
-    slower; fp64 only when fp32 overflows (values above ~1.8e19)."""
+    slower; fp64 where fp32 would overflow (values above ~1.8e19) or underflow (a tensor of tiny
+    values, :data:`FP32_MIN_SIGNAL`: a drowned fused-group member must not read as exact)."""
     for dtype in (torch.float32, torch.float64):
         r = ref.to(dtype)
         sums = torch.stack([r.square().sum()] + [(r - a.to(dtype)).square_().sum() for a in approx]).tolist()
-        if all(math.isfinite(x) for x in sums):
+        if all(math.isfinite(x) for x in sums) and sums[0] >= FP32_MIN_SIGNAL:
             break
     return sums
 

@@ -141,3 +141,7 @@ def test_square_sums_fp32_agrees_with_fp64_and_falls_back_on_overflow():
     assert signal == pytest.approx(16 * float(big[0, 0]) ** 2, rel=1e-12) and noise == pytest.approx(signal / 4, rel=1e-12)
     assert error_fields(signal, noise)["sqnr_db"] == pytest.approx(10 * torch.log10(torch.tensor(4.0)).item())
     assert error_fields(1.0, 0.0) == {"rel_error": 0.0, "sqnr_db": float("inf")}
+    tiny = torch.full((64, 64), 1e-30, dtype=torch.bfloat16)  # squares underflow fp32: a drowned member
+    signal, noise = square_sums(tiny, torch.zeros_like(tiny))
+    assert signal == pytest.approx(4096 * float(tiny[0, 0]) ** 2, rel=1e-12) and noise == signal
+    assert error_fields(signal, noise)["sqnr_db"] == 0.0  # not "exact"
