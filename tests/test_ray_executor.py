@@ -256,3 +256,18 @@ def test_gpu_tasks_write_the_same_bytes_as_local_cpu(tmp_path, sources):
         res = convert(sources["dense"], str(tmp_path / f"gpu-{algo}"), device="cuda", executor="ray", **opts)
         assert res.report["ray"]["device"] == "cuda"
         assert files(tmp_path / f"gpu-{algo}") == files(tmp_path / f"cpu-{algo}")
+
+
+def test_task_warnings_and_memory_reach_the_report(cluster, make_checkpoint, tmp_path, capsys):
+    """What a task finds (a drowned fused member) is printed by the driver as with --executor local,
+    and each task counts its own process memory against --memory-budget (bytes.baseline_rss: the
+    largest task's, not null)."""
+    cfg = llama_config()
+    t = llama_tensors(cfg, seed=3)
+    t["model.layers.0.mlp.up_proj.weight"].fill_(1e-30)
+    src = make_checkpoint(t, cfg, shards=2)
+    capsys.readouterr()
+    res = convert(src, str(tmp_path / "out"), algo="FP8", quiet=True, max_shard_size=SHARD, executor="ray", report=str(tmp_path / "r.json"))
+    err = capsys.readouterr().err
+    assert "model.layers.0.mlp.up_proj.weight: its largest value" in err and "(almost) all zero" in err, err
+    assert res.report["bytes"]["baseline_rss"] > 100 << 20  # a task process with torch loaded

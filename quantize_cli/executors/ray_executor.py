@@ -370,6 +370,9 @@ def _merge(parts) -> RunStats:
             continue
         out.bytes_read += s.bytes_read
         out.peak_inflight = max(out.peak_inflight, s.peak_inflight)
+        out.baseline_rss = max(out.baseline_rss, s.baseline_rss)  # the largest task process: what a node must fit per task
+        out.pinned_trims += s.pinned_trims
+        out.warnings.extend(w for w in s.warnings if w not in out.warnings)  # a task's findings reach the user too
         for k, v in s.errors.items():
             out.errors.setdefault(k, v)
         for k, v in s.stages.items():

@@ -269,7 +269,7 @@ def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext):
     # The local executor's stages, with the shared amax of split groups supplied by the driver.
     executor = Executor(unit_plan, writer, device, **sizes, quantize_fn=_quantize_fn(device, Console(quiet=True), ctx.kernels, is_ct(plan.scheme)),
                         measure_error=ctx.measure, progress=progress, on_task_written=parts.__setitem__,
-                        resolver=resolver, fixed_amax=fixed)
+                        resolver=resolver, fixed_amax=fixed, process_budget=ctx.budget)  # the task process's own memory counts
     writer.open(fresh=True)
     try:
         stats = executor.run()
