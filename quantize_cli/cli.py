@@ -287,6 +287,9 @@ def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, mem
     """Run SRC layer by layer on calibration data and write every Linear input amax and K/V amax."""
 
     def go():
+        from . import prefetch
+
+        prefetch.start(src)  # the source's first layers come off the disk while torch and transformers import
         from .api import calibrate as run
 
         run(src, calib_data=calib_data, output=output, calib_samples=calib_samples, calib_seq_len=calib_seq_len,

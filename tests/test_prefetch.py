@@ -106,3 +106,14 @@ def test_no_warmup_on_resume(tiny_llama, tmp_path, monkeypatch):
     assert started == []  # its first bytes are likely converted already
     res = CliRunner().invoke(main, ["convert", tiny_llama, "-o", str(tmp_path / "out2"), "--algo", "FP8", "--quiet"])
     assert res.exit_code == 0 and started == [tiny_llama]
+
+
+def test_calibrate_warms_the_source(tiny_llama, tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(prefetch, "start", lambda src: started.append(src))
+    import quantize_cli.api as api
+
+    monkeypatch.setattr(api, "calibrate", lambda src, **kw: None)  # the forward is tested elsewhere
+    res = CliRunner().invoke(main, ["calibrate", tiny_llama, "--calib-data", "default", "-o", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    assert started == [tiny_llama]
