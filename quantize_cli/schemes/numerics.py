@@ -37,10 +37,21 @@ def block_amax(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
     if (bn, bk) == (n, k):
-        return w.abs().amax().float().reshape(1, 1) if w.numel() else torch.zeros(1, 1, device=w.device)
+        return abs_max(w).float().reshape(1, 1) if w.numel() else torch.zeros(1, 1, device=w.device)
     if n % bn or k % bk:
         w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
-    return w.abs().reshape(nb, bn, kb, bk).amax(dim=(1, 3)).float()
+    return abs_max(w.reshape(nb, bn, kb, bk), dim=(1, 3)).float()
+
+
+def abs_max(x: torch.Tensor, dim: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``max |x|`` (over `dim`, else all of it) as ``max(-min(x), max(x))``: the same value as
+    ``x.abs().amax()`` (negation is exact; NaN propagates through both), without writing ``|x|``
+    to memory: on the CPU that full-size temporary cost 8x the two reductions."""
+    if dim is None:
+        lo, hi = torch.aminmax(x)
+    else:
+        lo, hi = x.amin(dim=dim), x.amax(dim=dim)
+    return torch.maximum(lo.neg(), hi)
 
 
 def div_exact(x: torch.Tensor, divisor: float) -> torch.Tensor:
