@@ -25,14 +25,25 @@ def _read_rows(info, start, count):
 _COPIED_FLOATS = ("BF16", "F16", "F32", "F64")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t` (any dtype; integers always pass). For 16/32/64-bit floats by
+    ``aminmax`` (NaN and +-Inf reach the min or the max): one reduction, 50x faster on the CPU
+    than ``isfinite(t).all()``, which writes a full-size bool tensor first."""
+    if not t.is_floating_point() or not t.numel():
+        return True
+    if t.element_size() == 1:  # fp8: no aminmax kernel for these dtypes
+        return bool(torch.isfinite(t.float()).all())
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
     """A tensor copied unquantized (lm_head, a norm) with NaN/Inf would make the output compute
     garbage (and ``verify`` reject it): refuse it like a quantized one. `data`: raw bytes or typed."""
     if info.dtype not in _COPIED_FLOATS or not data.numel():
         return
     typed = data.view(torch_dtype(info.dtype)) if data.dtype == torch.uint8 else data
-    lo, hi = torch.aminmax(typed)  # NaN and +-Inf reach the min or the max; 50x faster than isfinite().all() on the CPU
-    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+    if not all_finite(typed):
         raise NumericsError(
             f"{info.name} in {info.path}: contains NaN or Inf; it is copied unquantized, but the checkpoint would compute "
             "garbage (verify rejects it). Fix the source weights"

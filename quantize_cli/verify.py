@@ -22,6 +22,7 @@ from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
 from .checkpoint.source import regular_file_inside
 from .classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
+from .finite import all_finite
 from .exclusions import verify_exclusions
 from .jsonfile import MISSING, JsonFileError, load_json, read_json_or_none
 from .mixed import LINEAR_SERVED, MIXED
@@ -246,7 +247,7 @@ def _check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
             if info.dtype == "F8_E4M3":
                 bad = bool(((t.view(torch.uint8) & 0x7F) == 0x7F).any())
             else:
-                bad = not bool(torch.isfinite(t.float()).all())
+                bad = not all_finite(t)
             if bad:
                 res.add(ERROR, "non-finite", name, f"{name}: contains NaN or Inf; the checkpoint would compute garbage")
                 break

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..schemes.numerics import abs_max
+
 IMPL = "quantize_calib"  # the name our attention / experts functions are registered under
 
 
@@ -34,7 +36,7 @@ class Stat:
 
     def add(self, x: torch.Tensor, tokens: int | None = None) -> None:
         if x.numel():
-            self.amax = max(self.amax, float(x.detach().abs().amax().float()))
+            self.amax = max(self.amax, float(abs_max(x.detach()).float()))
         self.tokens += tokens if tokens is not None else (x.numel() // max(1, x.shape[-1]) if x.dim() else 1)
 
 

@@ -25,6 +25,7 @@ from ..checkpoint.writer import ShardWriter, shard_header
 from ..errors import DestinationError, SourceError
 from ..execute import Executor, raise_non_finite, read_rows
 from ..schedule import Schedule
+from ..schemes.numerics import abs_max
 from ..resume import _crc_on_disk
 from .partition import ShardUnit
 
@@ -149,7 +150,7 @@ def group_amax(infos: list[TensorInfo], hub=None) -> torch.Tensor:
             rows = max(1, AMAX_CHUNK // max(1, info.nbytes // max(info.shape[0], 1)))
             amax = torch.zeros(())
             for start in range(0, info.shape[0], rows):
-                amax = torch.maximum(amax, read_rows(src, start, min(rows, info.shape[0] - start)).abs().amax().float())
+                amax = torch.maximum(amax, abs_max(read_rows(src, start, min(rows, info.shape[0] - start))).float())
             if resolver:
                 resolver.release(info)
             if not torch.isfinite(amax).item():

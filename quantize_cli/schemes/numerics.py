@@ -51,7 +51,7 @@ def abs_max(x: torch.Tensor, dim: tuple[int, ...] | None = None) -> torch.Tensor
         lo, hi = torch.aminmax(x)
     else:
         lo, hi = x.amin(dim=dim), x.amax(dim=dim)
-    return torch.maximum(lo.neg(), hi)
+    return torch.maximum(lo.neg(), hi).abs()  # abs: max(-0.0, +0.0) may be -0.0 (an all-zero block)
 
 
 def div_exact(x: torch.Tensor, divisor: float) -> torch.Tensor:
