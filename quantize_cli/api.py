@@ -2,51 +2,48 @@
 
 ``convert`` reads like the architecture: resolve -> plan -> validate -> execute -> metadata ->
 publish. Everything that can fail on user input fails before the first tensor is read.
+
+The steps up to validate, and ``check``, are :mod:`.planning` (torch-free); this module adds the
+write path (execute, metadata, publish) and imports torch, the executor and the writer only
+inside it, so ``quantize check`` and ``convert --dry-run`` import no torch.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import prefetch
 from .checkpoint.destination import Destination
 from .checkpoint.durable import copy_durable
 from .checkpoint.metadata import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
-from .checkpoint.source import open_source
-from .checkpoint.writer import ShardWriter
-from .errors import DestinationError, PlanError, QuantizeError, UsageError
-from .execute import Executor
-from .output_paths import check_json_output
-from .mixed import parse_algo_for
+from .console import Console
+from .devices import resolve_device, warm_device as _warm_device  # noqa: F401  (resolve_device: the library's)
+from .errors import DestinationError, QuantizeError
 from .options import Checked, ConvertOptions
-from .plan import Plan, build_plan, parse_size
-from .recipe import load_recipe
-from .report import human_bytes, run_report, unplanned_report, write_json
-from .schemes import get_scheme
-from .schemes.search import with_scale_search
+from .output_paths import check_json_output
+from .plan import Plan
+from .planning import (  # noqa: F401  (prepare, check, raise_problems: the library's entry points too)
+    _kv,
+    _size,
+    check,
+    check_options,
+    dry_run,
+    make_plan,
+    prepare,
+    raise_problems,
+    recorded_options,
+    validate,
+)
+from .report import human_bytes, run_report, write_json
 
-
-class Console:
-    """Messages for humans on stderr: info (silenced by quiet), warnings (always)."""
-
-    def __init__(self, quiet: bool = False, stream=None):
-        self.quiet = quiet
-        self.stream = stream or sys.stderr
-
-    def info(self, msg: str) -> None:
-        if not self.quiet:
-            print(msg, file=self.stream, flush=True)
-
-    def warn(self, msg: str) -> None:
-        print(f"warning: {msg}", file=self.stream, flush=True)
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -56,138 +53,6 @@ class ConvertResult:
     plan: Plan
     dst: str | None
     report: dict
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> the first CUDA GPU when present, else CPU; ``cpu``, ``cuda``, ``cuda:N`` as given."""
-    device = (device or "auto").lower()
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: no CUDA GPU is available here; use --device cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) present")
-    elif dev.type != "cpu":
-        raise UsageError(f"--device {device!r}: only cpu and cuda devices are supported")
-    return dev
-
-
-def _warm_device(dev: torch.device) -> None:
-    """Create the CUDA context and import the Triton kernels on a daemon thread, so that they
-    overlap with planning and the first reads instead of delaying the first quantized tensor.
-    (torch's lazy CUDA initialisation is locked, so the executor simply waits if it is early.)"""
-    if dev.type != "cuda":
-        return
-
-    def warm():
-        try:
-            torch.empty(1, device=dev)
-            from . import kernels  # noqa: F401  (imports Triton)
-        except Exception:  # noqa: BLE001 - the executor reports real device errors itself
-            pass
-
-    import threading
-
-    threading.Thread(target=warm, daemon=True, name="quantize-cuda-init").start()
-
-
-def _not_yet_with_mixed(algo_for, scheme, scale_search: str = "none") -> None:
-    """--algo-for (mixed precision, either format) is written without searched scales, for now."""
-    if not algo_for:
-        return
-    if (scale_search or "none").lower() != "none":
-        raise UsageError(f"--algo-for with --scale-search {scale_search}: searched scales apply to single-algorithm "
-                         "checkpoints only for now; drop one of the two")
-
-
-def _local_options(src: str, revision: str | None, exclude) -> None:
-    """Options that cannot apply are usage errors, not silently ignored."""
-    if revision and (src.startswith("example:") or os.path.exists(src)):
-        raise UsageError(f"--revision {revision}: {src} is a local checkpoint, which has no revisions; drop --revision")
-    for pat in exclude or ():
-        if not str(pat).strip():
-            raise UsageError("--exclude '': an empty pattern matches every module (vLLM's substring rule); remove it or give a pattern")
-
-
-def _size(value, flag: str) -> int:
-    try:
-        n = parse_size(value)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    if n <= 0:
-        raise UsageError(f"{flag}: must be positive, got {value!r}")
-    return n
-
-
-def _kv(kv_cache_dtype: str | None) -> str | None:
-    if kv_cache_dtype in (None, "", "none", "auto"):
-        return None
-    if kv_cache_dtype.lower() != "fp8":
-        raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: only fp8 is supported (ModelOpt 'cast' mode, no scale tensors)")
-    return "fp8"
-
-
-def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
-            layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None,
-            format: str = "modelopt", algo_for=()) -> Plan:
-    """Resolve SRC, load the recipe and build the plan (no tensor data is read).
-
-    `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
-    """
-    from .checkpoint.hub import open_hub_headers
-    from .formats import format_of, scheme_for
-
-    scheme = scheme_for(format, get_scheme(algo))
-    if (scale_search or "none").lower() != "none" and format_of(scheme) != "modelopt":
-        raise UsageError(f"--scale-search {scale_search} --format {format}: searched scales are written in the ModelOpt format "
-                         "only for now; drop --scale-search or use --format modelopt")
-    _not_yet_with_mixed(algo_for, scheme, scale_search)
-    scheme = with_scale_search(scheme, scale_search)
-    source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
-    rec = load_recipe(recipe, source.config.get("model_type"))
-    return build_plan(source, scheme, rec, list(exclude), _size(max_shard_size, "--max-shard-size"), _kv(kv_cache_dtype),
-                      layout=layout, act_scales=act_scales, algo_for=parse_algo_for(algo_for, format))
-
-
-def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
-          strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None,
-          format: str = "modelopt", algo_for=()):
-    """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
-
-    For a Hub repo id only config.json and the safetensors headers are fetched.
-    """
-    from .check import run_check
-    from .checkpoint.hub import open_hub_headers
-    from .repo_id import is_repo_id
-    from .errors import CheckFailed
-    from .formats import scheme_for
-
-    scheme = scheme_for(format, get_scheme(algo))
-    _local_options(src, revision, exclude)
-    rules = parse_algo_for(algo_for, format)
-    _not_yet_with_mixed(algo_for, scheme)
-    if tp < 1:
-        raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
-    if json:
-        check_json_output(json, "--json", (src if os.path.isdir(src) else None,))
-    local = src.startswith("example:") or os.path.isdir(src) or not is_repo_id(src, owner_required=False)
-    source = open_source(src, revision=revision) if local else open_hub_headers(src, revision)
-    rec = load_recipe(recipe, source.config.get("model_type"))
-    plan = build_plan(source, scheme, rec, list(exclude), tp=tp, algo_for=rules)
-    result = run_check(plan, list(exclude), tp)
-    print(result.to_text(), flush=True)
-    if json:
-        write_json(json, result.to_json())
-    bad = result.errors or (strict and result.warnings)
-    if bad:
-        what = f"{len(result.errors)} error(s)" + (f", {len(result.warnings)} warning(s) (--strict)" if strict else "")
-        raise CheckFailed(f"check failed for {src} with {scheme.algo}: {what}; see the findings above")
-    return result
 
 
 def verify(dst: str, source: str | None = None, json: str | None = None, strict: bool = False, quiet: bool = False):
@@ -214,13 +79,6 @@ def unpack(dst: str, output: str, overwrite: bool = False, quiet: bool = False, 
     path = unpack_checkpoint(dst, output, overwrite=overwrite)
     (console or Console(quiet)).info(f"wrote {path}")
     return path
-
-
-def raise_problems(plan: Plan) -> None:
-    """Refuse a plan with problems: all of them at once, before any tensor is read."""
-    if plan.problems:
-        n = len(plan.problems)
-        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:", details=plan.problems)
 
 
 def convert(
@@ -273,12 +131,12 @@ def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
     con = console or Console(opts.quiet)
     ok = check_options(opts)  # usage errors, in the first second, before anything is read
     _warm_device(ok.device)
-    plan = _plan(opts, ok, con)
+    plan = make_plan(opts, ok, con)
     timings = {"plan_s": time.perf_counter() - t0}
     options = recorded_options(opts, ok, plan)
     if opts.dry_run:
-        return _dry_run(opts, plan, options, timings)
-    _validate(opts, plan, options, timings)
+        return ConvertResult(plan, None, dry_run(opts, plan, options, timings))
+    validate(opts, plan, options, timings)
     if ok.finished:
         return _already_complete(plan, opts.dst, options, plan.source.root or plan.source.label, opts.report, timings, con)
     for w in plan.warnings:
@@ -288,94 +146,6 @@ def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     return _finish(opts, plan, options, dest, stats, verified, timings, con)
-
-
-def check_options(opts: ConvertOptions) -> Checked:
-    """Every usage error of `opts`, before any download or read (the order decides which is said first)."""
-    from . import retry
-    from .formats import check_format, layout_problem
-    from .kernel_choice import check_kernels
-    from .publish import check_push_options
-
-    src, dst = opts.src, opts.dst
-    with_scale_search(get_scheme(opts.algo), opts.scale_search)
-    parse_algo_for(opts.algo_for)
-    _kv(opts.kv_cache_dtype)
-    budget = _size(opts.memory_budget, "--memory-budget")
-    if opts.layout not in ("plain", "marlin", "cutlass", "flashinfer"):
-        raise UsageError(f"--layout {opts.layout!r}: choose plain, marlin, cutlass or flashinfer")
-    device, ray_device = opts.device, None
-    if opts.executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
-        device, ray_device = "cpu", _ray().check_options(opts.executor, opts.device)
-    format = check_format(opts.format)
-    if layout_problem(format, opts.layout):
-        raise UsageError(layout_problem(format, opts.layout))
-    dev = resolve_device(device)
-    kernels = check_kernels(opts.kernels, ray_device or dev, format != "modelopt")
-    local_src = src.startswith("example:") or os.path.exists(src)
-    if opts.low_disk and local_src:
-        raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
-    _local_options(src, opts.revision, opts.exclude)
-    finished = not opts.dry_run and opts.resume and not opts.overwrite and retry.finished_dst(dst)  # a retry after success
-    if not opts.dry_run:
-        if not dst:
-            raise UsageError("convert needs -o DST (or --dry-run)")
-        local = src if os.path.isdir(src) else None  # DST inside/equal to a local SRC: say so, not "--overwrite"
-        if not finished:
-            Destination(dst, src_root=local, overwrite=opts.overwrite)  # an existing DST fails before any download
-    if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
-        check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
-    check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
-    return Checked(budget, dev, ray_device, format, kernels, bool(finished), not local_src)
-
-
-def _plan(opts: ConvertOptions, ok: Checked, con: Console) -> Plan:
-    """Resolve SRC (calibrating first when asked) and plan from its headers; the report says why SRC was refused."""
-    try:
-        doc = _scales(opts.src, opts.algo, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, ok.device,
-                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run)
-        headers_only = opts.low_disk or (opts.executor == "ray" and ok.on_hub)  # Ray workers fetch their own shards
-        return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
-                       opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format,
-                       algo_for=opts.algo_for)
-    except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
-        if opts.report:
-            write_json(opts.report, unplanned_report(opts.src, opts.dst, opts.algo, exc.message))
-        raise
-
-
-def recorded_options(opts: ConvertOptions, ok: Checked, plan: Plan) -> dict:
-    """The options as the report, the resume fingerprint and the finished-DST record keep them."""
-    options = dict(algo=plan.scheme.algo, exclude=list(opts.exclude), recipe=plan.recipe.name, layout=opts.layout,
-                   device=str(ok.device), kv_cache_dtype=opts.kv_cache_dtype, max_shard_size=str(opts.max_shard_size),
-                   memory_budget=str(opts.memory_budget), scale_search=(opts.scale_search or "none").lower(),
-                   algo_for=list(opts.algo_for), kernels=ok.kernels)
-    if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
-        options["calibration"] = plan.act_scales.digest()
-    if ok.ray_device:
-        options["device"] = f"{ok.ray_device} (ray tasks)"
-    if ok.format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
-        options["format"] = ok.format
-    return options
-
-
-def _dry_run(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> ConvertResult:
-    print(plan.to_text(), flush=True)
-    raise_problems(plan)
-    doc = run_report(plan, options, None, timings, None, status="dry-run")
-    if opts.report:
-        write_json(opts.report, doc)
-    return ConvertResult(plan, None, doc)
-
-
-def _validate(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> None:
-    """Refuse a plan with problems (all at once, nothing read yet); the report says why."""
-    try:
-        raise_problems(plan)
-    except QuantizeError as exc:
-        if opts.report:
-            write_json(opts.report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
-        raise
 
 
 def _write(opts: ConvertOptions, ok: Checked, plan: Plan, options: dict, timings: dict, t0: float, con: Console):
@@ -452,17 +222,6 @@ def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, 
     return ConvertResult(plan, dest.dst, doc)
 
 
-def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
-            dry_run=False):
-    """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
-    if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
-        return None  # the data-free path: nothing of calibration (nor transformers) is imported
-    from .calibration.entry import scales_for_convert
-
-    return scales_for_convert(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn, dry_run)
-
-
 def calibrate(src: str, calib_data: str = "default", output: str | None = None, calib_samples: int | None = None,
               calib_seq_len: int | None = None, device: str = "auto", memory_budget: str | int = "4GB",
               revision: str | None = None, recipe: str | None = None, quiet: bool = False, console: Console | None = None):
@@ -484,9 +243,8 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
 
 def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, report, timings: dict, con: Console) -> ConvertResult:
     """--resume on a finished DST made the same way: checked by retry.py; succeed without writing."""
-    from .retry import confirm_finished
-
     from .formats import metadata_documents
+    from .retry import confirm_finished
 
     kv = options.get("kv_cache_dtype")
     docs = metadata_documents(plan, _kv(kv)) or dict(zip(("hf_quant_config.json", "config.json"), metadata_docs(plan, kv, options)))
@@ -552,6 +310,8 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
     from tqdm import tqdm
 
     from . import resume as journal_mod
+    from .checkpoint.writer import ShardWriter
+    from .execute import Executor
     from .formats.exclusions import is_ct  # compressed-tensors math runs as its torch reference on any device
 
     earlier = dest.acquire(resume=resume)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo
+from .checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES, TensorInfo
 from .experts import expert_names
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe

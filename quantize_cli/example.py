@@ -4,22 +4,19 @@ They let a newcomer run a real conversion with no download, and give the tests s
 checkpoints of the shapes people quantize: ``tiny-llama`` (dense), ``tiny-qwen3-moe`` (per-expert
 MoE), ``tiny-qwen3-moe-fused`` (the same weights as transformers-5 fused 3-D experts) and
 ``tiny-deepseek`` (MLA + MoE + shared experts + an MTP layer). Generated with a fixed
-seed into ``$XDG_CACHE_HOME/quantize/examples/`` (or ``~/.cache/...``) and reused afterwards.
+seed into ``$XDG_CACHE_HOME/quantize/examples/`` (or ``~/.cache/...``) and reused afterwards;
+where they live (and resolving ``example:NAME``) is :mod:`.examples`, which needs no torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import torch
 from safetensors.torch import save_file
 
-from .errors import SourceError
-
-EXAMPLE_VERSION = 1
+from .examples import EXAMPLE_VERSION, NAMES, example_path  # noqa: F401  (the path side, torch-free)
 
 
 def llama_config(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=512) -> dict:
@@ -211,28 +208,4 @@ EXAMPLES = {
     ),
     "tiny-deepseek": lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3),
 }
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "quantize", "examples")
-
-
-def example_path(name: str) -> str:
-    """The folder of example `name`, generated on first use (atomically, so races are harmless)."""
-    if name not in EXAMPLES:
-        raise SourceError(f"example:{name}: no such example; available: {', '.join('example:' + n for n in EXAMPLES)}")
-    final = os.path.join(_cache_dir(), f"{name}-v{EXAMPLE_VERSION}")
-    if os.path.isdir(final):
-        return final
-    os.makedirs(_cache_dir(), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=_cache_dir())
-    try:
-        EXAMPLES[name](tmp)
-        os.rename(tmp, final)
-    except OSError:
-        if not os.path.isdir(final):
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+assert tuple(EXAMPLES) == NAMES  # one list of example names (examples.py)

@@ -18,11 +18,13 @@ Every split part becomes a virtual tensor named as the per-expert checkpoint wou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo, nbytes_of
+from .checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES, TensorInfo, nbytes_of
 from .problems import EXPERT_LAYOUT, Problem
+
+if TYPE_CHECKING:  # tensors are read only by the executor; planning needs no torch
+    import torch
 
 GATE_UP_LAYOUTS = ("gate_up", "gate_up_t", "gate_up_interleaved")
 DOWN_LAYOUTS = ("down", "down_t")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import os
 
-from .checkpoint.safetensors_io import read_header
+from .checkpoint.safetensors_header import read_header
 from .checkpoint.source import regular_file_inside
 from .errors import SourceError
 from .jsonfile import read_json_or_none

@@ -66,7 +66,8 @@ class Checked:
     """What checking the options resolved (``api.run``'s first step).
 
     budget: --memory-budget in bytes. device: the local torch device (the driver's ``cpu`` with
-    Ray). ray_device: the Ray tasks' device, or None. format, kernels: normalised. finished: a
+    Ray); a dry run keeps ``"cpu"`` / ``"auto"`` as a name where nothing reads what torch would
+    resolve (devices.without_torch). ray_device: the Ray tasks' device, or None. format, kernels: normalised. finished: a
     --resume of a DST already complete. on_hub: SRC is a Hub repo id.
     """
 

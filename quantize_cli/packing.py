@@ -5,25 +5,31 @@ fused layer, as vLLM computes it). MoE layers are packed as vLLM holds them: eve
 layer is quantized (gate and up sharing their global scale), stacked into ``w13 [E, 2I, H]`` =
 [gate ; up] and ``w2 [E, H, I]``, and written as ``<experts>.w13_weight_<layout>`` etc.; the plain
 per-expert scales stay under their checkpoint names so ``unpack`` is exact.
+
+The plan holds the activation dtype by name (``"bfloat16"`` / ``"float16"``): planning imports no
+torch; :meth:`Packing.pack_group` and :meth:`Packing.pack_layer` (the executor) do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import layouts
-from .layouts import Layout, marlin
+from .layouts import Layout
 
-ACT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# config.json dtype spellings -> the activation dtype's name (a torch attribute: torch.bfloat16, ...)
+ACT_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def act_dtype_from_config(config: dict) -> tuple[torch.dtype | None, str]:
-    """The activation dtype vLLM would serve with (config ``torch_dtype``/``dtype``), or (None, why)."""
+def act_dtype_from_config(config: dict) -> tuple[str | None, str]:
+    """The activation dtype vLLM would serve with (config ``torch_dtype``/``dtype``) by name, or (None, why)."""
     name = config.get("torch_dtype") or config.get("dtype") or (config.get("text_config") or {}).get("torch_dtype")
     if name is None:
-        return torch.bfloat16, "bfloat16 (config.json names no dtype; vLLM's default for bf16 checkpoints)"
+        return "bfloat16", "bfloat16 (config.json names no dtype; vLLM's default for bf16 checkpoints)"
     dtype = ACT_DTYPES.get(str(name).removeprefix("torch."))
     if dtype is None:
         return None, f"config.json dtype {name!r}: the packed layouts target 16-bit (bfloat16/float16) activations"
@@ -37,7 +43,7 @@ class Packing:
 
     layout: Layout
     algo: str
-    act_dtype: torch.dtype
+    act_dtype: str  # "bfloat16" or "float16"
     dense: bool = True
 
     @property
@@ -45,7 +51,7 @@ class Packing:
         return layouts.suffix(self.layout)
 
     def dense_problem(self, shape: tuple[int, int]) -> str | None:
-        if self.algo == "MXFP8" and self.act_dtype != torch.bfloat16:
+        if self.algo == "MXFP8" and self.act_dtype != "bfloat16":
             return "vLLM 0.33.0 serves MXFP8 with bfloat16 activations only (ModelOptMxFp8Config); set the model dtype to bfloat16"
         return layouts.shape_problem(self.layout, self.algo, shape)
 
@@ -53,7 +59,7 @@ class Packing:
         return layouts.packed_specs(self.layout, self.algo, shape, self.act_dtype)
 
     def moe_problem(self, e: int, i: int, h: int) -> str | None:
-        if self.algo == "MXFP8" and self.act_dtype != torch.bfloat16:
+        if self.algo == "MXFP8" and self.act_dtype != "bfloat16":
             return "vLLM 0.33.0 serves MXFP8 with bfloat16 activations only (ModelOptMxFp8Config); set the model dtype to bfloat16"
         return layouts.moe_shape_problem(self.layout, self.algo, e, i, h)
 
@@ -64,9 +70,13 @@ class Packing:
 
     def pack_group(self, plain: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
         """Members of one fused group (module -> plain tensors) -> module -> tensors to write."""
+        import torch
+
+        from .layouts import marlin
+
         sf = None
         if self.layout is Layout.MARLIN and self.algo in ("NVFP4", "W4A16_NVFP4"):
-            sf = marlin.nvfp4_scale_factor([p["weight_scale"] for p in plain.values()], self.act_dtype)
+            sf = marlin.nvfp4_scale_factor([p["weight_scale"] for p in plain.values()], getattr(torch, self.act_dtype))
         return {m: layouts.pack(self.layout, self.algo, p, self.act_dtype, scale_factor=sf) for m, p in plain.items()}
 
     def pack_layer(self, container: str, experts: list[dict[str, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
@@ -81,6 +91,8 @@ class Packing:
 
 def _stack(experts: list[dict], algo: str) -> tuple[dict, dict]:
     """vLLM's FusedMoE stacks: w13 = [gate ; up] per expert along dim 1, w2 = down."""
+    import torch
+
     def cat(key, e):
         return torch.cat([e["gate"][key], e["up"][key]])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .checkpoint.safetensors_io import TensorInfo, nbytes_of
+from .checkpoint.safetensors_header import TensorInfo, nbytes_of
 from .checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
 from .formats.exclusions import exclusion_list

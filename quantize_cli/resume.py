@@ -23,7 +23,7 @@ import threading
 
 from . import __version__, checksum
 from .checkpoint.durable import write_atomic
-from .checkpoint.safetensors_io import TensorInfo
+from .checkpoint.safetensors_header import TensorInfo
 from .errors import DestinationError
 from .jsonfile import read_json_or_none
 

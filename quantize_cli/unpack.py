@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-import torch
 
 from . import layouts
 from .checkpoint.destination import Destination
@@ -61,7 +60,7 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     layout = layouts.Layout(record["name"])
     sfx = layouts.suffix(layout)
     scheme = scheme_for_quant_algo(nested["quantization"]["quant_algo"])
-    act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), torch.bfloat16)
+    act = ACT_DTYPES.get(record.get("activation_dtype", "bfloat16"), "bfloat16")  # a name: layouts.unpack takes either
     names = expert_names(recipe_of_output(nested, config.get("model_type"), os.path.join(src, "hf_quant_config.json")))
     shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
     tensors = {n: t for f in shards for n, t in read_header(os.path.join(src, f)).tensors.items()}

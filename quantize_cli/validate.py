@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .algorithms import is_expert_linear, is_experts_prefix
-from .checkpoint.safetensors_io import FLOAT_SOURCE_DTYPES
+from .checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES
 from .classify import LINEAR, Module
 from .exclusions import verify_exclusions
 from .formats.exclusions import ct_misread, is_ct

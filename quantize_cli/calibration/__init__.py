@@ -7,19 +7,21 @@ writer that needs per-module input amax or KV amax)::
     doc.save("SCALES.json");  doc = load("SCALES.json")            # document.py
     scales = resolve(doc, quantized_names, fused_groups, kv=True)    # apply.py -> ActScales
 
-``transformers`` (the ``calib`` extra) is imported only inside these functions.
+``transformers`` (the ``calib`` extra) and torch are imported only inside these functions: the
+plan reads resolved scales (``apply.py``) with neither.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import UsageError
 from .apply import ActScales, resolve
 from .document import ScalesDoc, check_source, fingerprint, load
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_SAMPLES = 128
 DEFAULT_SEQ_LEN = 512
@@ -52,8 +54,12 @@ def offload_decision(device: torch.device, act_bytes: int, memory_budget: int | 
     On a GPU they stay on the device while they take at most a quarter of its free memory (the
     block's weights and its forward need the rest), else they go to pinned host memory, one batch on
     the device at a time. Host-held states (the CPU path, or offloaded) must fit `memory_budget`."""
-    if offload is None:
-        offload = device.type == "cuda" and act_bytes > torch.cuda.mem_get_info(device)[0] // 4
+    if offload is None and device.type == "cuda":
+        import torch
+
+        offload = act_bytes > torch.cuda.mem_get_info(device)[0] // 4
+    elif offload is None:
+        offload = False
     on_host = device.type == "cpu" or offload
     if memory_budget and on_host and act_bytes > memory_budget:
         where = "on the CPU" if device.type == "cpu" else f"offloaded from {device} to host memory"
@@ -82,6 +88,7 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     from .model import build, require_transformers
 
     require_transformers()
+    import torch
     import transformers
 
     from . import forward, hooks

@@ -19,12 +19,14 @@ A compressed-tensors writer reads the same ``input_amax`` / ``kv_amax``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E4M3_MAX
 from ..classify import expert_container
-from ..schemes.numerics import E2M1_MAX, E4M3_MAX
 from .document import ScalesDoc
+
+if TYPE_CHECKING:
+    import torch
 
 KV_NAMES = (("k_proj.k_scale", "k_amax"), ("v_proj.v_scale", "v_amax"))
 
@@ -55,6 +57,8 @@ class ActScales:
 
     def kv_tensors(self) -> dict[str, torch.Tensor]:
         """``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale``: 0-d fp32 ``amax / 448``."""
+        import torch
+
         out = {}
         for attn, amaxes in self.kv_amax.items():
             for (suffix, _), amax in zip(KV_NAMES, amaxes):

@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ..checkpoint.safetensors_io import TensorInfo
+from ..checkpoint.safetensors_header import TensorInfo
 from ..errors import CalibrationError
 from ..jsonfile import MISSING, NOT_OBJECT, JsonFileError, load_json
 

@@ -14,7 +14,7 @@ import struct
 import threading
 
 from ..errors import SourceError
-from .safetensors_io import DTYPES, TensorInfo, nbytes_of
+from .safetensors_header import DTYPES, TensorInfo, nbytes_of
 from .source import Source, refuse_quantized
 
 
@@ -131,7 +131,7 @@ class LazyShards:
             err = SourceError(f"{self.repo_id}:{filename}: download failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable")
             err.resumable = True  # api.py keeps the work folder for this one
             raise err from exc
-        from .safetensors_io import read_header
+        from .safetensors_header import read_header
 
         header = read_header(path, display=f"{self.repo_id}:{filename}")
         if planned is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import SourceError
 from ..jsonfile import JsonFileError, first_line, load_json
 from ..repo_id import is_repo_id
-from .safetensors_io import FLOAT_SOURCE_DTYPES, TensorInfo, read_header
+from .safetensors_header import FLOAT_SOURCE_DTYPES, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 # Files that are never copied as sidecars: weights, their index, configs we rewrite, pickles
@@ -54,7 +54,7 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
     Returns ``(folder, from_hub)``.
     """
     if src.startswith("example:"):
-        from ..example import example_path
+        from ..examples import example_path
 
         return example_path(src.split(":", 1)[1]), False
     if os.path.isdir(src):

@@ -15,23 +15,30 @@ exponent by another rule. For a weight ``w`` of dtype ``dt`` and a 32-element gr
 
 The only difference from ModelOpt's ``ceil(log2(amax / 448))`` on normal bf16 data is a group
 whose amax is exactly ``1.75 * 2^e``: compressed-tensors rounds up, ModelOpt keeps ``2^(e-8)``
-(tests/test_ct_mxfp8.py). Pure torch on any device (no transcendental calls).
+(tests/test_ct_mxfp8.py). Pure torch on any device (no transcendental calls); torch is imported
+inside the numeric functions, so the class describes its outputs without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E4M3_MAX
 from ..schemes.base import k_group_problem
 from ..schemes.mxfp8 import MX_BLOCK, E8M0_BIAS, e8m0_to_float, mx_outputs, pow2
-from ..schemes.numerics import E4M3_MAX
 from .ct_schemes import CtScheme, _t
 
+if TYPE_CHECKING:
+    import torch
+
 MX_ELEM_OFFSET = 8  # floor(log2(448)): the group max lands in [256, 448)
-# dtype -> (integer view, mantissa bits, exponent bits)
-_BITS = {torch.bfloat16: (torch.int16, 7, 8), torch.float16: (torch.int16, 10, 5), torch.float32: (torch.int32, 23, 8)}
+# dtype name -> (integer view's name, mantissa bits, exponent bits)
+_BITS = {"bfloat16": ("int16", 7, 8), "float16": ("int16", 10, 5), "float32": ("int32", 23, 8)}
+
+
+def _bits(dtype: torch.dtype) -> tuple[str, int, int]:
+    return _BITS[str(dtype).removeprefix("torch.")]
 
 
 def power_of_two_exponent(amax: torch.Tensor) -> torch.Tensor:
@@ -42,8 +49,10 @@ def power_of_two_exponent(amax: torch.Tensor) -> torch.Tensor:
     compressed-tensors forms ``p = inf`` there (an fp16 amax >= 57344; a bf16 one >= 3e38) and
     ends with byte 127 over an all-zero group (its cast of ``log2(inf)`` to int32); we write the
     power of two it meant. That is the one place our bytes differ on purpose (docs/formats.md)."""
-    view, mant, expo = _BITS[amax.dtype]
-    bits = amax.view(view).to(torch.int64) & ((1 << (1 + expo + mant)) - 1)  # the int16 view: a positive value
+    import torch
+
+    view, mant, expo = _bits(amax.dtype)
+    bits = amax.view(getattr(torch, view)).to(torch.int64) & ((1 << (1 + expo + mant)) - 1)  # the int16 view: a positive value
     return ((bits + (1 << (mant - 2))) >> mant) & ((1 << (expo + 1)) - 1)
 
 
@@ -52,7 +61,9 @@ def ct_mx_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     `amax`: ``[N, K/32]`` in the weight's dtype. p == 0 (a zero group, or a sub-normal amax
     that rounds to no exponent) is log2 = -inf in compressed-tensors, clamped to byte 0 as here."""
-    expo = _BITS[amax.dtype][2]
+    import torch
+
+    expo = _bits(amax.dtype)[2]
     field = power_of_two_exponent(amax)
     log2p = (field - ((1 << (expo - 1)) - 1)).float()
     byte = torch.where(field > 0, log2p + (E8M0_BIAS - MX_ELEM_OFFSET), torch.zeros_like(log2p)).clamp(0, 255)
@@ -73,6 +84,8 @@ class CtMxfp8(CtScheme):
         return mx_outputs(shape)
 
     def quantize(self, w, global_amax=None):
+        import torch
+
         n, k = w.shape
         groups = w.reshape(n, k // MX_BLOCK, MX_BLOCK)
         stored, scale = ct_mx_scales(groups.abs().amax(dim=2))

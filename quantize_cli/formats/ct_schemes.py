@@ -24,32 +24,40 @@ Output names and shapes follow compressed-tensors: ``weight`` + ``weight_scale``
 ``weight_scale`` + ``weight_global_scale`` for NVFP4; static activation scales as
 ``input_scale`` (FP8) and ``input_global_scale`` (NVFP4). Per-tensor values are returned 0-d
 (so row chunks concatenate) and declared ``[1]`` in :meth:`outputs`: the bytes are the same.
+
+torch is imported inside the numeric functions: the classes describe their outputs without it
+(planning, ``check`` and ``--dry-run`` import no torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP
 from ..schemes.base import Scheme, Spec, k_group_problem
-from ..schemes.numerics import E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP, e2m1_values, pack_nibbles, unpack_nibbles
 from .static_scales import static_input_value
+
+if TYPE_CHECKING:
+    import torch
 
 BLOCK = FP8_BLOCK
 INT8_HALF_RANGE = 127.5  # compressed-tensors: (qmax - qmin) / 2 = (127 - -128) / 2
 NVFP4_ZERO_SCALE = 0.125  # compressed-tensors replaces a zero e4m3 group scale by e4m3's eps
-_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
-_TORCH = {v: k for k, v in _ST.items()}
+SCALE_DTYPES = ("BF16", "F16", "F32")  # source dtypes whose scales keep that dtype (others: bf16)
 
 
 def _t(value: float, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A 0-d tensor on `like`'s device (a true division there, not a reciprocal multiply)."""
+    import torch
+
     return torch.tensor(value, dtype=dtype or like.dtype, device=like.device)
 
 
 def ct_scale(amax: torch.Tensor, half_range: float) -> torch.Tensor:
     """``amax / half_range`` in amax's dtype; zero -> that dtype's eps (compressed-tensors' rule)."""
+    import torch
+
     scale = amax / _t(half_range, amax)
     return torch.where(scale == 0, _t(torch.finfo(scale.dtype).eps, scale), scale)
 
@@ -59,6 +67,8 @@ def _rows_amax(w: torch.Tensor) -> torch.Tensor:
 
 
 def _pad_blocks(w: torch.Tensor) -> torch.Tensor:
+    import torch
+
     n, k = w.shape
     return torch.nn.functional.pad(w, (0, -k % BLOCK, 0, -n % BLOCK))
 
@@ -77,18 +87,22 @@ class CtScheme(Scheme):
         """The outputs of a source tensor: scales take its dtype (bf16, fp16 or fp32)."""
         from dataclasses import replace
 
-        return replace(self, source_dtype=info.dtype if info.dtype in _TORCH else "BF16").outputs(tuple(info.shape))
+        return replace(self, source_dtype=info.dtype if info.dtype in SCALE_DTYPES else "BF16").outputs(tuple(info.shape))
 
     def calibrated_inputs(self, amax: float, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """compressed-tensors' static activation parameters for a calibrated input `amax`, as
         llm-compressor derives them: FP8 ``input_scale = dt(amax / 448)`` in the weight's dtype (as its
         weight scales), NVFP4 ``input_global_scale = 2688 / amax`` in fp32."""
+        import torch
+
         if "input_global_scale" in out:
             return {"input_global_scale": torch.tensor(E4M3_MAX * 6.0, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)}
         like = out["input_scale"]
         return {"input_scale": ct_scale(torch.tensor(amax, dtype=torch.float32).to(like.dtype), E4M3_MAX).reshape(like.shape)}
 
     def _static_input(self, w: torch.Tensor, module: str | None = None) -> torch.Tensor:
+        import torch
+
         return torch.tensor(static_input_value(self.algo, module), dtype=self._input_dtype(w))
 
     def _input_dtype(self, w: torch.Tensor) -> torch.dtype:
@@ -118,6 +132,8 @@ class CtFp8(CtScheme):
         return out
 
     def quantize(self, w, global_amax=None):
+        import torch
+
         lo, hi = _t(-E4M3_MAX, w), _t(E4M3_MAX, w)
         if self.granularity == "block":
             n, k = w.shape
@@ -138,6 +154,8 @@ class CtFp8(CtScheme):
         return out
 
     def global_amax(self, w):
+        import torch
+
         # abs/max are exact in the source dtype; a fused group shares the max (the scale is per tensor)
         return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
 
@@ -158,6 +176,8 @@ class CtInt8(CtScheme):
         return {"weight": ("I8", (n, k)), "weight_scale": (self.source_dtype, (n, 1))}
 
     def quantize(self, w, global_amax=None):
+        import torch
+
         scale = ct_scale(_rows_amax(w), INT8_HALF_RANGE)
         q = (w / scale).clamp_(_t(-128.0, w), _t(127.0, w)).round_().to(torch.int8)
         return {"weight": q, "weight_scale": scale}
@@ -168,6 +188,8 @@ class CtInt8(CtScheme):
 
 def e2m1_round(x: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitudes of fp32 `x` (already clamped to +-6), ties to even, as codes 0..7."""
+    import torch
+
     a = x.abs()
     code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
     for t in (0.75, 1.75, 3.5):  # a tie goes up to the even code
@@ -196,9 +218,15 @@ class CtNvfp4(CtScheme):
         return out
 
     def global_amax(self, w):
+        import torch
+
         return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
 
     def quantize(self, w, global_amax=None):
+        import torch
+
+        from ..schemes.numerics import pack_nibbles
+
         n, k = w.shape
         gamax = (w.abs().amax() if global_amax is None else global_amax.to(w.device)).to(w.dtype).reshape(())
         gamax = torch.clamp(gamax, min=torch.finfo(w.dtype).tiny)
@@ -218,6 +246,8 @@ class CtNvfp4(CtScheme):
         return out
 
     def dequantize(self, q):
+        from ..schemes.numerics import e2m1_values, unpack_nibbles
+
         vals = e2m1_values(unpack_nibbles(q["weight_packed"]))
         n, k = vals.shape
         s = q["weight_scale"].float() / q["weight_global_scale"].float().to(vals.device)

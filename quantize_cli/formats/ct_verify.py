@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ..checkpoint.safetensors_io import TensorInfo
+from ..checkpoint.safetensors_header import TensorInfo
 from ..classify import EMBEDDING, LINEAR, classify
 from ..recipe import load_recipe
 from ..validate import ERROR

@@ -7,18 +7,26 @@ plain ``weight``, so a stock loader fails loudly; the plain scales (``weight_sca
 even where the kernel's own scale format is lossy. ``unpack(pack(x)) == x`` byte for byte.
 
 Targets: vLLM 0.33.0 and flashinfer 0.7.2 (spec ``kernel-layouts.md``), tensor-parallel size 1.
+
+This module is torch-free: what each layout writes (``*_shapes.py``) is all the plan needs; the
+packing modules (``marlin.py``, ``cutlass.py``, ``flashinfer.py``, torch) are imported by
+:func:`pack` and its siblings when tensors are packed. The activation dtype is given by name
+(``"bfloat16"``, ``"float16"``) or as a torch dtype.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..algorithms import ALGOS
 from ..problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
 from ..schemes import SCHEMES, get_scheme
-from . import cutlass, flashinfer, marlin
+from . import cutlass_shapes, flashinfer_shapes, marlin_shapes
+from .marlin_shapes import act_name
+
+if TYPE_CHECKING:
+    import torch
 
 VLLM = "vllm 0.33.0"
 FLASHINFER = "flashinfer 0.7.2"
@@ -111,7 +119,7 @@ def support(layout: Layout | str, algo: str, moe: bool = False) -> Problem | Non
     if algo == "W4A16_NVFP4":
         return no(_W4A16_ONLY)
     if layout is Layout.CUTLASS:
-        return no(cutlass.NO_BYTES_MOVE[algo], LAYOUT_NO_BYTES_MOVE)
+        return no(cutlass_shapes.NO_BYTES_MOVE[algo], LAYOUT_NO_BYTES_MOVE)
     if algo == "FP8":
         return no(
             "no bytes move: FlashInfer's dense FP8 GEMM (bmm_fp8) reads the same weight.t() view "
@@ -139,7 +147,7 @@ def shape_problem(layout: Layout | str, algo: str, shape: tuple[int, int]) -> st
     layout, algo = _layout(layout), _algo(algo)
     problem = SCHEMES[algo].shape_problem(tuple(shape)) or supported(layout, algo)
     if problem is None and layout is Layout.FLASHINFER:
-        problem = flashinfer.dense_shape_problem(tuple(shape))
+        problem = flashinfer_shapes.dense_shape_problem(tuple(shape))
     return problem
 
 
@@ -147,7 +155,7 @@ def _kept(algo: str, shape: tuple[int, int]) -> dict[str, tuple[str, tuple[int, 
     return {k: v for k, v in SCHEMES[algo].outputs(tuple(shape)).items() if k != "weight"}
 
 
-def packed_specs(layout: Layout | str, algo: str, shape: tuple[int, int], act_dtype: torch.dtype = torch.bfloat16):
+def packed_specs(layout: Layout | str, algo: str, shape: tuple[int, int], act_dtype: str | torch.dtype = "bfloat16"):
     """Every tensor written for one Linear of weight shape ``[N, K]``: name suffix ->
     (safetensors dtype, shape); packed tensors first, then the plain scales kept beside."""
     layout, algo = _layout(layout), _algo(algo)
@@ -158,11 +166,11 @@ def packed_specs(layout: Layout | str, algo: str, shape: tuple[int, int], act_dt
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo}, shape {list(shape)}: {problem}")
     if layout is Layout.MARLIN:
-        out = marlin.specs(algo, shape, act_dtype)
+        out = marlin_shapes.specs(algo, shape, act_name(act_dtype))
     elif layout is Layout.CUTLASS:
-        out = cutlass.specs(algo, shape)
+        out = cutlass_shapes.specs(algo, shape)
     else:
-        out = flashinfer.specs(algo, shape, suffix(layout))
+        out = flashinfer_shapes.specs(algo, shape, suffix(layout))
     return {**out, **_kept(algo, shape)}
 
 
@@ -171,7 +179,14 @@ def _split(layout: Layout, d: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     return {k: v for k, v in d.items() if k.endswith(sfx)}, {k: v for k, v in d.items() if not k.endswith(sfx)}
 
 
-def pack(layout: Layout | str, algo: str, plain: dict[str, torch.Tensor], act_dtype: torch.dtype = torch.bfloat16,
+def _torch_dtype(act: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of an activation dtype given by name or as a torch dtype (packing needs torch)."""
+    import torch
+
+    return getattr(torch, act_name(act))
+
+
+def pack(layout: Layout | str, algo: str, plain: dict[str, torch.Tensor], act_dtype: str | torch.dtype = "bfloat16",
          *, scale_factor: float | None = None) -> dict[str, torch.Tensor]:
     """Plain scheme tensors (``SCHEMES[algo].quantize(w)``) -> the tensors to write: packed ones
     plus the plain scales unchanged. `scale_factor`: Marlin NVFP4 only, see
@@ -181,8 +196,10 @@ def pack(layout: Layout | str, algo: str, plain: dict[str, torch.Tensor], act_dt
     if layout is Layout.PLAIN:
         return dict(plain)
     _require(layout, algo)
+    from . import cutlass, flashinfer, marlin
+
     if layout is Layout.MARLIN:
-        out = marlin.pack(algo, plain, act_dtype, scale_factor)
+        out = marlin.pack(algo, plain, _torch_dtype(act_dtype), scale_factor)
     elif layout is Layout.CUTLASS:
         out = cutlass.pack(algo, plain)
     else:
@@ -191,15 +208,17 @@ def pack(layout: Layout | str, algo: str, plain: dict[str, torch.Tensor], act_dt
 
 
 def unpack(layout: Layout | str, algo: str, packed: dict[str, torch.Tensor],
-           act_dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+           act_dtype: str | torch.dtype = "bfloat16") -> dict[str, torch.Tensor]:
     """Inverse of :func:`pack`: the plain scheme tensors, byte for byte."""
     layout, algo = _layout(layout), _algo(algo)
     if layout is Layout.PLAIN:
         return dict(packed)
     _require(layout, algo)
     _, kept = _split(layout, packed)
+    from . import cutlass, flashinfer, marlin
+
     if layout is Layout.MARLIN:
-        w = marlin.unpack(algo, packed, act_dtype)
+        w = marlin.unpack(algo, packed, _torch_dtype(act_dtype))
     elif layout is Layout.CUTLASS:
         w = cutlass.unpack(algo, packed)
     else:
@@ -208,14 +227,16 @@ def unpack(layout: Layout | str, algo: str, packed: dict[str, torch.Tensor],
 
 
 def dequantize(layout: Layout | str, algo: str, packed: dict[str, torch.Tensor],
-               act_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               act_dtype: str | torch.dtype = "bfloat16") -> torch.Tensor:
     """fp32 weight as the target kernel computes it from the packed operands (padded extent for
     Marlin / CUTLASS). Marlin reads only its own tensors; CUTLASS / FlashInfer also the plain
     ``weight_scale_2`` (the kernels get it as a scalar ``alpha``). For verification and tests."""
     layout, algo = _layout(layout), _algo(algo)
     _require(layout, algo)
+    from . import cutlass, flashinfer, marlin
+
     if layout is Layout.MARLIN:
-        return marlin.dequantize(algo, packed, act_dtype)
+        return marlin.dequantize(algo, packed, _torch_dtype(act_dtype))
     if layout is Layout.CUTLASS:
         return cutlass.dequantize(algo, packed)
     if layout is Layout.FLASHINFER:
@@ -237,8 +258,8 @@ def moe_shape_problem(layout: Layout | str, algo: str, experts: int, intermediat
     if layout is Layout.PLAIN:
         return None
     if layout is Layout.MARLIN:
-        return supported(layout, algo, moe=True) or marlin.moe_shape_problem(algo, experts, intermediate, hidden)
-    return supported(layout, algo, moe=True) or flashinfer.moe_shape_problem(
+        return supported(layout, algo, moe=True) or marlin_shapes.moe_shape_problem(algo, experts, intermediate, hidden)
+    return supported(layout, algo, moe=True) or flashinfer_shapes.moe_shape_problem(
         _moe_backend(layout), algo, experts, intermediate, hidden)
 
 
@@ -251,8 +272,8 @@ def moe_packed_specs(layout: Layout | str, algo: str, experts: int, intermediate
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
     if layout is Layout.MARLIN:
-        return marlin.moe_specs(algo, experts, intermediate, hidden)
-    return flashinfer.moe_specs(_moe_backend(layout), algo, experts, intermediate, hidden, suffix(layout))
+        return marlin_shapes.moe_specs(algo, experts, intermediate, hidden)
+    return flashinfer_shapes.moe_specs(_moe_backend(layout), algo, experts, intermediate, hidden, suffix(layout))
 
 
 def pack_moe(layout: Layout | str, algo: str, w13: dict[str, torch.Tensor], w2: dict[str, torch.Tensor]) -> dict:
@@ -270,6 +291,8 @@ def pack_moe(layout: Layout | str, algo: str, w13: dict[str, torch.Tensor], w2: 
     problem = moe_shape_problem(layout, algo, e, i, h)
     if problem:
         raise ValueError(f"--layout {layout.value} --algo {algo} MoE: {problem}")
+    from . import flashinfer, marlin
+
     if layout is Layout.MARLIN:
         out = marlin.pack_moe(algo, w13, w2)
     else:
@@ -283,6 +306,8 @@ def unpack_moe(layout: Layout | str, algo: str, packed: dict) -> dict:
     """Inverse of :func:`pack_moe`: ``{"w13": plain stack, "w2": plain stack}``, byte for byte."""
     layout, algo = _layout(layout), _algo(algo)
     _require(layout, algo, moe=True)
+    from . import flashinfer, marlin
+
     if layout is Layout.MARLIN:
         out = marlin.unpack_moe(algo, packed)
     else:
@@ -296,13 +321,13 @@ def unpack_moe(layout: Layout | str, algo: str, packed: dict) -> dict:
 # config.json record
 
 
-def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat16) -> dict:
+def layout_metadata(layout: Layout | str, act_dtype: str | torch.dtype = "bfloat16") -> dict:
     """What config.json records about a packed layout (``quantization_config.layout``)."""
     layout = _layout(layout)
     meta: dict = {"name": layout.value, "format_version": 1}
     if layout is Layout.PLAIN:
         return meta
-    act = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(act_dtype, str(act_dtype))
+    act = act_name(act_dtype)
     meta.update({"suffix": suffix(layout), "tensor_parallel_size": 1, "kept_plain_tensors":
                  ["weight_scale", "weight_scale_2", "input_scale"]})
     if layout is Layout.MARLIN:
@@ -311,11 +336,11 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
             "kernels": {"FP8*": "MarlinFP8ScaledMMLinearKernel (W8A16)", "NVFP4": "MarlinNvFp4LinearKernel (W4A16)",
                         "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)",
                         "MXFP8 MoE": "Marlin fused MoE (prepare_mxfp8_moe_layer_for_marlin)"},
-            "tile": {"k": marlin.TILE_K, "n": marlin.TILE_N},
+            "tile": {"k": marlin_shapes.TILE_K, "n": marlin_shapes.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "
                        "K a multiple of the group; logical [N, K] in weight_shape_marlin",
-            "fp8_scale_log2_multiplier": {torch.bfloat16: 120, torch.float16: 8}.get(act_dtype),
-            "nvfp4_global_scale_log2_multiplier": {torch.bfloat16: 119, torch.float16: 7}.get(act_dtype),
+            "fp8_scale_log2_multiplier": {"bfloat16": 120, "float16": 8}.get(act),
+            "nvfp4_global_scale_log2_multiplier": {"bfloat16": 119, "float16": 7}.get(act),
             "nvfp4_scale_format": "S0E5M3 bytes (typed F8_E4M3), data-dependent scale_factor folded into "
                                   "weight_global_scale_marlin",
             "mxfp8_scale_format": "e8m0 bytes (U8) [Kp/32, Np], grouped permutation, runs of 4 swapped [0,2,1,3]",
@@ -325,7 +350,7 @@ def layout_metadata(layout: Layout | str, act_dtype: torch.dtype = torch.bfloat1
             "target": f"{VLLM}; {FLASHINFER}",
             "kernels": {"NVFP4": "CutlassNvFp4LinearKernel (= FlashInfer-CUTLASS/CuTe-DSL/cuDNN prep)",
                         "MoE": "FlashInfer-CUTLASS fused MoE (w3 before w1)"},
-            "weight_padding": {"rows": cutlass.WEIGHT_ALIGN, "k_elements": cutlass.WEIGHT_ALIGN},
+            "weight_padding": {"rows": cutlass_shapes.WEIGHT_ALIGN, "k_elements": cutlass_shapes.WEIGHT_ALIGN},
             "scale_swizzle": "128x4", "scale_padding": {"rows": 128, "cols": 4},
         })
     else:

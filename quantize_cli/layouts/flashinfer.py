@@ -27,7 +27,8 @@ Backends (``trtllm`` = layout flashinfer, ``cutlass`` = layout cutlass, FlashInf
 * NVFP4: trtllm w13 gated+shuffle of weight and scale rows, w2 32-row shuffle; cutlass w31 swap.
   Both: scales 128x4-swizzled per expert.
 
-Pure torch (reshape/permute/flip): CPU and CUDA give the same bytes.
+Pure torch (reshape/permute/flip): CPU and CUDA give the same bytes. What is written (names,
+dtypes, shapes) and the shape rules are :mod:`.flashinfer_shapes`, torch-free.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import torch
 
 from ..algorithms import FP8_BLOCK, NVFP4_GROUP
 from ..schemes.numerics import e2m1_values, unpack_nibbles
-from .cutlass import swizzle_128x4, swizzled_shape, unswizzle_128x4
+from .cutlass import swizzle_128x4, unswizzle_128x4
+# What is written (names, dtypes, shapes) and the shape rules: torch-free, for the plan.
+from .flashinfer_shapes import dense_shape_problem, moe_shape_problem, moe_specs, specs  # noqa: F401
 
 BLOCK_SCALE_MIN = 1e-10  # FlashInfer CUTLASS block-FP8 MoE: dead-block scales clamped (NaN otherwise)
 DENSE_TILE = 32  # epilogue_tile_m 128
@@ -64,21 +67,6 @@ def _u8(x: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------
 # dense NVFP4, TRT-LLM GEMM
-
-
-def dense_shape_problem(shape: tuple[int, int]) -> str | None:
-    n, k = shape
-    if n % 128 or (k // NVFP4_GROUP) % 4:
-        return (
-            f"FlashInfer TRT-LLM NVFP4 GEMM needs N % 128 == 0 and K % 64 == 0 (its scale shuffle "
-            f"has no padding), got [N, K] = [{n}, {k}]; use --layout cutlass"
-        )
-    return None
-
-
-def specs(algo: str, shape: tuple[int, int], sfx: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    n, k = shape
-    return {"weight" + sfx: ("U8", (n, k // 2)), "weight_scale" + sfx: ("F8_E4M3", (n, k // NVFP4_GROUP))}
 
 
 def pack(algo: str, plain: dict[str, torch.Tensor], sfx: str) -> dict[str, torch.Tensor]:
@@ -142,46 +130,6 @@ def from_block_major_k(w: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------
 # MoE pack / unpack
-
-
-def moe_shape_problem(backend: str, algo: str, e: int, i: int, h: int) -> str | None:
-    """Why expert stacks of (E, I, H) cannot be packed for `backend` (vLLM would pad them), or None."""
-    need_i, need_h = {
-        ("trtllm", "FP8"): (16, 32),
-        ("cutlass", "FP8"): (16, 1),
-        ("trtllm", "NVFP4"): (64, 256),
-        ("cutlass", "NVFP4"): (64, 16),
-        ("trtllm", "FP8_PB_WO"): (128, 128),
-        ("cutlass", "FP8_PB_WO"): (128, 128),
-    }[(backend, algo)]
-    if i % need_i or h % need_h:
-        return (
-            f"{backend} {algo} MoE needs intermediate % {need_i} == 0 and hidden % {need_h} == 0 "
-            f"(vLLM 0.33.0 pads or refuses otherwise; padding is not pre-packed), got I={i}, H={h}"
-        )
-    return None
-
-
-def moe_specs(backend: str, algo: str, e: int, i: int, h: int, sfx: str) -> dict[str, dict]:
-    """Packed MoE tensors: ``{"w13": {name: (dtype, shape)}, "w2": {...}}``."""
-    if algo == "NVFP4":
-        s13, s2 = (e, 2 * i, h // NVFP4_GROUP), (e, h, i // NVFP4_GROUP)
-        return {
-            "w13": {"weight" + sfx: ("U8", (e, 2 * i, h // 2)),
-                    "weight_scale" + sfx: ("F8_E4M3", (e, *swizzled_shape(*s13[1:])))},
-            "w2": {"weight" + sfx: ("U8", (e, h, i // 2)),
-                   "weight_scale" + sfx: ("F8_E4M3", (e, *swizzled_shape(*s2[1:])))},
-        }
-    if algo == "FP8":
-        return {"w13": {"weight" + sfx: ("F8_E4M3", (e, 2 * i, h)), "weight_scale" + sfx: ("F32", (e,))},
-                "w2": {"weight" + sfx: ("F8_E4M3", (e, h, i))}}
-    w13 = (e, h // FP8_BLOCK, 2 * i, FP8_BLOCK) if backend == "trtllm" else (e, 2 * i, h)
-    w2 = (e, i // FP8_BLOCK, h, FP8_BLOCK) if backend == "trtllm" else (e, h, i)
-    return {
-        "w13": {"weight" + sfx: ("F8_E4M3", w13),
-                "weight_scale" + sfx: ("F32", (e, 2 * i // FP8_BLOCK, h // FP8_BLOCK))},
-        "w2": {"weight" + sfx: ("F8_E4M3", w2), "weight_scale" + sfx: ("F32", (e, h // FP8_BLOCK, i // FP8_BLOCK))},
-    }
 
 
 def _equal_halves(x: torch.Tensor, what: str) -> None:

@@ -29,13 +29,12 @@ bf16 activations only.
 
 Shapes that fit neither (N%64, K%128) nor (N%128, K%64) are zero-padded to the cheaper family
 (``marlin_padded_nk``); the logical [N, K] is written beside as ``weight_shape_marlin``.
+The names, dtypes and shapes written (and the shape rules) are :mod:`.marlin_shapes`, torch-free.
 Everything here is pure torch (reshape/permute, no index tables), so it runs on CPU and CUDA with
 the same bytes.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +42,10 @@ import torch.nn.functional as F
 from ..schemes.mxfp8 import e8m0_to_float
 from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
 from ..schemes.numerics import unpack_nibbles
+# What is written (names, dtypes, padded shapes, shape rules): torch-free, for the plan.
+from .marlin_shapes import SUFFIX, TILE_K, TILE_N, group_size, moe_shape_problem, moe_specs, padded_nk, specs  # noqa: F401
+from .marlin_shapes import bits as _bits
 
-SUFFIX = "_marlin"
-TILE_K, TILE_N = 16, 64
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 # Exponent-bias factors (spec §1.4): 2^(2^(e-1) - 2^3) for FP8, 2^(2^(e-1) - 2^1 - 7) for NVFP4.
 FP8_BIAS = {torch.bfloat16: 2.0**120, torch.float16: 2.0**8}
@@ -61,27 +61,6 @@ def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
     for i, o in enumerate(order):
         inv[o] = i
     return tuple(inv)
-
-
-def _bits(algo: str) -> int:
-    return 4 if algo in ("NVFP4", "W4A16_NVFP4") else 8
-
-
-def group_size(algo: str) -> int:
-    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks), 16 (NVFP4) or 32 (MXFP8)."""
-    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_BLOCK}.get(algo, -1)
-
-
-def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:
-    """Cheapest ``(Np, Nk)`` of the two GEMM families (N%64, K%128) / (N%128, K%64), K kept a
-    multiple of the group; ties go to the smaller ``Np + Kp`` (vLLM ``marlin_padded_nk``)."""
-    g = group if group > 0 else 1
-
-    def up(x: int, m: int) -> int:
-        return -(-x // m) * m
-
-    cands = ((up(n, 64), up(k, math.lcm(128, g))), (up(n, 128), up(k, math.lcm(64, g))))
-    return min(cands, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,25 +218,6 @@ def _check_act(act: torch.dtype) -> None:
         raise ValueError(f"Marlin needs bf16 or fp16 activations, got {act}")
 
 
-def specs(algo: str, shape: tuple[int, int], act: torch.dtype) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Packed tensors of one Linear ``[N, K]``: suffix -> (safetensors dtype, shape)."""
-    _check_act(act)
-    n, k = shape
-    np_, kp = padded_nk(n, k, group_size(algo))
-    bits = _bits(algo)
-    out = {"weight" + SUFFIX: ("I32", (kp // 16, np_ * bits // 2))}
-    if bits == 4:
-        out["weight_scale" + SUFFIX] = ("F8_E4M3", (kp // NVFP4_GROUP, np_))
-        out["weight_global_scale" + SUFFIX] = ("F32", ())
-    elif algo == "MXFP8":
-        out["weight_scale" + SUFFIX] = ("U8", (kp // MX_BLOCK, np_))
-    else:
-        g = kp // FP8_BLOCK if algo == "FP8_PB_WO" else 1
-        out["weight_scale" + SUFFIX] = ("BF16" if act == torch.bfloat16 else "F16", (g, np_))
-    out["weight_shape" + SUFFIX] = ("I32", (2,))
-    return out
-
-
 def pack(algo: str, plain: dict[str, torch.Tensor], act: torch.dtype, scale_factor: float | None = None):
     """Plain scheme tensors -> Marlin tensors (``weight_marlin``, ``weight_scale_marlin``,
     NVFP4 ``weight_global_scale_marlin``, ``weight_shape_marlin``).
@@ -335,25 +295,6 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
 
 # --------------------------------------------------------------------------------------------
 # MoE expert stacks (MXFP8: vLLM 0.33 prepare_mxfp8_moe_layer_for_marlin)
-
-
-def moe_shape_problem(algo: str, e: int, i: int, h: int) -> str | None:
-    """Why Marlin stacks of (E, I, H) cannot be pre-packed, or None (MXFP8 only)."""
-    if algo != "MXFP8":
-        return "Marlin MoE expert stacks are pre-packed for MXFP8 only; use --layout plain"
-    if i % TILE_N or h % TILE_N:
-        return (f"Marlin MXFP8 MoE needs intermediate % 64 == 0 and hidden % 64 == 0 (vLLM 0.33.0 pads the "
-                f"intermediate size otherwise; padding is not pre-packed), got I={i}, H={h}")
-    return None
-
-
-def moe_specs(algo: str, e: int, i: int, h: int) -> dict[str, dict]:
-    """``{"w13": {name: (dtype, shape)}, "w2": {...}}``: per expert the dense MXFP8 Marlin tensors
-    of w13 ``[2I, H]`` and w2 ``[H, I]``, stacked (no padding, see :func:`moe_shape_problem`)."""
-    def one(n: int, k: int) -> dict:
-        return {"weight" + SUFFIX: ("I32", (e, k // 16, 4 * n)), "weight_scale" + SUFFIX: ("U8", (e, k // MX_BLOCK, n))}
-
-    return {"w13": one(2 * i, h), "w2": one(h, i)}
 
 
 def _pack_expert(algo: str, w: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,9 @@
 
 A scheme turns one 2-D weight ``[N, K]`` (bf16, fp16 or fp32) into the named tensors ModelOpt
 writes beside it (``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``) and back.
-Schemes are pure torch: no files, no modules, any device.
+Schemes are pure torch: no files, no modules, any device. Their description (names, dtypes,
+shapes, shape rules) needs no torch, so planning (``check``, ``--dry-run``) imports none: torch is
+imported inside the numeric methods only.
 
 Every output is either 0-d (derived from the global amax alone) or indexed by output row along
 dim 0, so a tensor may be quantized in row chunks (multiples of ``row_align``) and the chunks
@@ -12,8 +14,10 @@ concatenated: that is how large tensors are processed with bounded memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Spec = tuple[str, tuple[int, ...]]  # (safetensors dtype, shape)
 
@@ -69,6 +73,8 @@ class Scheme:
 
     def global_amax(self, w: torch.Tensor) -> torch.Tensor:
         """0-d fp32 max |w| (exact: abs/max run in the source dtype)."""
+        import torch
+
         return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
 
     def quantize(self, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -83,7 +89,9 @@ class Scheme:
         """The static activation tensors for a calibrated input `amax` (replacing the constants in `out`).
 
         ModelOpt: fp32 0-d ``input_scale = amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4)."""
-        from .numerics import E2M1_MAX, E4M3_MAX
+        import torch
+
+        from ..algorithms import E2M1_MAX, E4M3_MAX
 
         bound = E4M3_MAX * E2M1_MAX if self.algo == "NVFP4" else E4M3_MAX
         return {"input_scale": torch.tensor(amax, dtype=torch.float32) / torch.tensor(bound, dtype=torch.float32)}
@@ -92,4 +100,6 @@ class Scheme:
     def input_scale_tensor(self) -> torch.Tensor | None:
         if self.static_input_scale is None:
             return None
+        import torch
+
         return torch.tensor(self.static_input_scale, dtype=torch.float32)

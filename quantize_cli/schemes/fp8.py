@@ -10,27 +10,36 @@ The clamp makes torch (NaN above 464) and Triton (saturating) casts agree; it ne
 value here because |w / scale| <= 448 up to one rounding, which e4m3 rounds to 448 anyway.
 Per-tensor FP8 divides in fp32 (the golden ``expected.weight``), not through ModelOpt's bf16
 quotient: it is more accurate and no loader can tell.
+
+torch is imported inside the numeric functions: the scheme classes describe their outputs
+without it (planning, ``check`` and ``--dry-run`` import no torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E4M3_MAX, FP8_BLOCK
 from .base import Scheme, Spec
-from .numerics import E4M3_MAX, FP8_BLOCK, block_amax, expand_blocks, scale_from_amax
+
+if TYPE_CHECKING:
+    import torch
 
 BLOCK = FP8_BLOCK
 
 
 def fp8_cast(x: torch.Tensor) -> torch.Tensor:
     """Clamp fp32 `x` (in place: callers pass a temporary) to the e4m3 range and cast (RNE)."""
+    import torch
+
     return x.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def _fp32(w: torch.Tensor) -> torch.Tensor:
     """An fp32 copy of `w` that the caller may modify in place (never `w` itself)."""
+    import torch
+
     return w.float() if w.dtype != torch.float32 else w.clone()
 
 
@@ -48,6 +57,8 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int], amax: torch.Tensor 
     per-tensor amax. Per tensor, per row and 128 x 128 blocks differ only in `block`
     (:func:`block_shape`); the division is elementwise, so the bytes do not depend on the view.
     """
+    from .numerics import block_amax, expand_blocks, scale_from_amax
+
     n, k = w.shape
     bn, bk = block
     amax = block_amax(w, block) if amax is None else amax.float().to(w.device).reshape(-(-n // bn), -(-k // bk))
@@ -110,6 +121,8 @@ class Fp8Block(Scheme):
         return {"weight": q, "weight_scale": scale[:, None, :, None].contiguous()}
 
     def dequantize(self, q):
+        from .numerics import expand_blocks
+
         w = q["weight"]
         s = q["weight_scale"][:, 0, :, 0].to(w.device)
         n, k = w.shape

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
+from ..algorithms import INT8_MAX
 from .base import Scheme
-from .fp8 import _fp32
-from .numerics import INT8_MAX, block_amax, scale_from_amax
 
 
 @dataclass(frozen=True)
@@ -23,6 +20,11 @@ class Int8PerChannel(Scheme):
         return {"weight": ("I8", tuple(shape)), "weight_scale": ("F32", (shape[0],))}
 
     def quantize(self, w, global_amax=None):
+        import torch
+
+        from .fp8 import _fp32
+        from .numerics import block_amax, scale_from_amax
+
         scale = scale_from_amax(block_amax(w, (1, w.shape[1])), INT8_MAX)  # [N, 1]
         q = _fp32(w).div_(scale).round_().clamp_(-128, 127).to(torch.int8)
         return {"weight": q, "weight_scale": scale.reshape(-1)}

@@ -19,6 +19,8 @@ the mantissa offset ``m`` (units of 2^-23 above ``2^e``) is at most ``T(e)``, th
 whose correctly rounded ``e + log2(1 + m 2^-23)`` is still ``e`` (``T`` = 0 for |e| < 4, 22 for
 64 <= |e| < 128, 44 for sub-normal d; see :func:`round_down_table`). Only fp32 sources can hit it: a bf16 / fp16 amax
 divided by 448 never lands that close above a power of two.
+
+torch is imported inside the numeric functions only (planning imports no torch).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E4M3_MAX, MX_BLOCK
 from .base import Scheme, Spec, k_group_problem
-from .fp8 import _fp32, fp8_cast
-from .numerics import E4M3_MAX, MX_BLOCK, block_amax, div_exact
+
+if TYPE_CHECKING:
+    import torch
 
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
@@ -69,6 +72,8 @@ def e8m0_exponent(d: torch.Tensor) -> torch.Tensor:
     `d` is fp32, >= 0 and finite. Sub-normal `d` is first scaled by 2^64 (exact) so that every
     value has a 23-bit mantissa ``m`` and an exponent ``e``; the result is ``e + (m > T(e))``.
     """
+    import torch
+
     d = d.float()
     sub = d < 2.0**-126
     dn = torch.where(sub, d * 2.0**64, d)
@@ -83,12 +88,18 @@ def e8m0_exponent(d: torch.Tensor) -> torch.Tensor:
 
 def e8m0_scales(w: torch.Tensor) -> torch.Tensor:
     """uint8 ``[N, K/32]`` biased exponents (``e + 127``) of the 32-blocks of `w` ``[N, K]``."""
+    import torch
+
+    from .numerics import block_amax, div_exact
+
     d = div_exact(block_amax(w, (1, MX_BLOCK)), E4M3_MAX)
     return (e8m0_exponent(d) + E8M0_BIAS).to(torch.uint8)
 
 
 def pow2(e: torch.Tensor) -> torch.Tensor:
     """fp32 ``2^e`` for integer ``e`` in ``[-127, 127]``, built from its bits (2^-127 is sub-normal)."""
+    import torch
+
     e = e.to(torch.int32)
     normal = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)
     return torch.where(e == -127, torch.full_like(normal, 2.0**-127), normal)
@@ -96,6 +107,8 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
 
 def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     """uint8 biased exponents -> fp32 ``2^(scale - 127)`` (exact; byte 0 is 2^-127)."""
+    import torch
+
     return pow2(scale.to(torch.int32) - E8M0_BIAS)
 
 
@@ -116,6 +129,10 @@ class Mxfp8(Scheme):
         return mx_outputs(shape)
 
     def quantize(self, w, global_amax=None):
+        import torch
+
+        from .fp8 import _fp32, fp8_cast
+
         n, k = w.shape
         scale = e8m0_scales(w)  # [N, K/32]
         # 2^(127 - s) = 1 / 2^(s - 127): a multiply by a power of two, exact unless it underflows

@@ -10,32 +10,28 @@ ModelOpt's order of operations is followed exactly (a product then one division)
 makes the output byte-identical to its exporter. An all-zero tensor or fused group has gamax 0;
 like ModelOpt's export_amax it is treated as amax = 6 (E2M1's max), so weight_scale_2 = 1/448
 and every block scale is 1.0: no NaN, no Inf, and all-zero payload.
+
+torch is imported inside the numeric functions only (planning imports no torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ..algorithms import E2M1_MAX, E4M3_MAX, NVFP4_GROUP, NVFP4_SCALE_MIN
 from .base import Scheme, Spec, k_group_problem
-from .fp8 import _fp32
-from .numerics import (
-    E2M1_MAX,
-    E4M3_MAX,
-    NVFP4_GROUP,
-    NVFP4_SCALE_MIN,
-    block_amax,
-    div_exact,
-    e2m1_codes,
-    e2m1_values,
-    pack_nibbles,
-    unpack_nibbles,
-)
+
+if TYPE_CHECKING:
+    import torch
 
 
 def global_scale(gamax: torch.Tensor) -> torch.Tensor:
     """0-d fp32 ``weight_scale_2 = gamax / 2688`` (gamax 0 counts as 6, see the module doc)."""
+    import torch
+
+    from .numerics import div_exact
+
     gamax = gamax.float()
     gamax = torch.where(gamax == 0, torch.full_like(gamax, E2M1_MAX), gamax)
     return div_exact(gamax, E2M1_MAX * E4M3_MAX)
@@ -43,6 +39,10 @@ def global_scale(gamax: torch.Tensor) -> torch.Tensor:
 
 def block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
     """e4m3 ``[N, K/16]`` group scales of `w` ``[N, K]`` against the global scale `wsf2`."""
+    import torch
+
+    from .numerics import block_amax
+
     bs = block_amax(w, (1, NVFP4_GROUP)) / (E2M1_MAX * wsf2)
     bs = torch.where(bs == 0, torch.ones_like(bs), bs)
     return bs.clamp(NVFP4_SCALE_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -70,6 +70,9 @@ class Nvfp4(Scheme):
         return out
 
     def quantize(self, w, global_amax=None):
+        from .fp8 import _fp32
+        from .numerics import e2m1_codes, pack_nibbles
+
         gamax = self.global_amax(w) if global_amax is None else global_amax
         wsf2 = global_scale(gamax.to(w.device))
         bs8 = block_scales(w, wsf2)
@@ -82,6 +85,8 @@ class Nvfp4(Scheme):
         return out
 
     def dequantize(self, q):
+        from .numerics import e2m1_values, unpack_nibbles
+
         vals = e2m1_values(unpack_nibbles(q["weight"]))
         n, k = vals.shape
         s = q["weight_scale"].float() * q["weight_scale_2"].to(vals.device)

@@ -37,14 +37,12 @@ the searched group's fp64 error is never above RTN's by more than ``L * 2^-SHIFT
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
 
-from ..errors import UsageError
 from .base import Scheme
-from .fp8 import BLOCK, Fp8Block, Fp8PerChannel, _fp32, fp8_cast
+from .fp8 import BLOCK, _fp32, fp8_cast
 from .int8 import Int8PerChannel
 from .numerics import (
     E4M3_MAX,
@@ -59,8 +57,8 @@ from .numerics import (
     square_sums,
 )
 from .nvfp4 import Nvfp4, block_scales, global_scale
+from .searched import METHODS, SEARCHABLE, Searched, with_scale_search  # noqa: F401  (the scheme and the option)
 
-METHODS = ("none", "mse")
 ROW_MULTIPLIERS = tuple(1.0 - 0.02 * i for i in range(16))  # as fp32: torch.tensor(ROW_MULTIPLIERS)
 NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)
 E4M3_CODE_MIN, E4M3_CODE_MAX = 1, 126  # 2^-9 (NVFP4's scale floor) .. 448
@@ -205,47 +203,7 @@ def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | N
     return out
 
 
-# -- the scheme ------------------------------------------------------------------------------
-SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block)
-
-
-@dataclass(frozen=True)
-class Searched(Scheme):
-    """`base` with searched scales: same algo, configs and tensors; only ``quantize`` differs."""
-
-    base: Scheme | None = None
-    scale_search: str = "mse"
-
-    def shape_problem(self, shape):
-        return self.base.shape_problem(shape)
-
-    def outputs(self, shape):
-        return self.base.outputs(shape)
-
-    def dequantize(self, q):
-        return self.base.dequantize(q)
-
-    def quantize(self, w, global_amax=None):
-        if isinstance(self.base, Nvfp4):
-            return quantize_nvfp4(self.base, w, global_amax)
-        if isinstance(self.base, Fp8Block):
-            return quantize_blocks(w)
-        return quantize_rows(self.base, w)
-
-
-def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
-    """`scheme` itself for ``none``; its :class:`Searched` form for ``mse`` (a UsageError otherwise)."""
-    method = (method or "none").lower()
-    if method not in METHODS:
-        raise UsageError(f"--scale-search {method!r}: choose none or mse")
-    if method == "none":
-        return scheme
-    if not isinstance(scheme, SEARCHABLE):
-        raise UsageError(f"--scale-search mse --algo {scheme.algo}: one scale per tensor, shared by a fused group, is not "
-                         "searched; use it with NVFP4, W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN or FP8_PB_WO, or drop it")
-    return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)
-
-
+# -- the scheme (searched.py, torch-free) and the report's comparison -----------------------
 def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """fp32 RTN reconstruction of source ``w`` under the written global scale (None: not searchable).
 

@@ -1,0 +1,59 @@
+"""``--scale-search``: the :class:`Searched` scheme and the option's check (torch-free).
+
+A searched scheme writes the same algorithm, configs, tensor names, dtypes and shapes as its
+base; only ``quantize`` differs, and that math (the torch reference the kernels follow) is
+:mod:`.search`, imported when a tensor is quantized. Planning (``check_options``, the plan,
+``--dry-run``) needs only this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import UsageError
+from .base import Scheme
+from .fp8 import Fp8Block, Fp8PerChannel
+from .int8 import Int8PerChannel
+from .nvfp4 import Nvfp4
+
+METHODS = ("none", "mse")
+SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block)
+
+
+@dataclass(frozen=True)
+class Searched(Scheme):
+    """`base` with searched scales: same algo, configs and tensors; only ``quantize`` differs."""
+
+    base: Scheme | None = None
+    scale_search: str = "mse"
+
+    def shape_problem(self, shape):
+        return self.base.shape_problem(shape)
+
+    def outputs(self, shape):
+        return self.base.outputs(shape)
+
+    def dequantize(self, q):
+        return self.base.dequantize(q)
+
+    def quantize(self, w, global_amax=None):
+        from .search import quantize_blocks, quantize_nvfp4, quantize_rows
+
+        if isinstance(self.base, Nvfp4):
+            return quantize_nvfp4(self.base, w, global_amax)
+        if isinstance(self.base, Fp8Block):
+            return quantize_blocks(w)
+        return quantize_rows(self.base, w)
+
+
+def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
+    """`scheme` itself for ``none``; its :class:`Searched` form for ``mse`` (a UsageError otherwise)."""
+    method = (method or "none").lower()
+    if method not in METHODS:
+        raise UsageError(f"--scale-search {method!r}: choose none or mse")
+    if method == "none":
+        return scheme
+    if not isinstance(scheme, SEARCHABLE):
+        raise UsageError(f"--scale-search mse --algo {scheme.algo}: one scale per tensor, shared by a fused group, is not "
+                         "searched; use it with NVFP4, W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN or FP8_PB_WO, or drop it")
+    return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)
