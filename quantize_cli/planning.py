@@ -188,7 +188,9 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console) -> Plan:
     try:
         doc = _scales(opts.src, opts.algo, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, ok.device,
                       ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run)
-        headers_only = opts.low_disk or (opts.executor == "ray" and ok.on_hub)  # Ray workers fetch their own shards
+        # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
+        # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
+        headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
         return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
                        opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format,
                        algo_for=opts.algo_for)

@@ -85,3 +85,14 @@ def test_low_disk_verify_checks_the_output_without_downloading_the_source_again(
     local, state = fake_hub
     convert("someone/tiny-llama", str(tmp_path / "out"), algo="NVFP4", quiet=True, low_disk=True, verify=True)
     assert state["weights_downloaded"] == 4  # each shard once, for the conversion only
+
+
+def test_dry_run_on_a_hub_id_reads_headers_only(fake_hub, tmp_path):
+    """--dry-run plans a Hub model from its safetensors headers and sidecars: no weight is downloaded,
+    and the plan (every output tensor, shard and offset) is the one the local copy gives."""
+    local, state = fake_hub
+    hub = convert("someone/tiny-llama", str(tmp_path / "out"), algo="NVFP4", quiet=True, dry_run=True)
+    ref = convert(local, str(tmp_path / "ref"), algo="NVFP4", quiet=True, dry_run=True)
+    assert state["weights_downloaded"] == 0
+    assert not (tmp_path / "out").exists()
+    assert hub.plan.outputs == ref.plan.outputs and hub.plan.shard_names == ref.plan.shard_names
