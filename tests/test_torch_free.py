@@ -198,3 +198,11 @@ def test_device_is_kept_unresolved_only_where_nothing_reads_it():
     assert without_torch("auto", auto_is_read=True) is None  # --report, --kernels triton
     assert without_torch("cuda", auto_is_read=False) is None  # only torch can check it (and fail)
     assert without_torch("tpu", auto_is_read=False) is None
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_inspect_imports_no_torch(checkpoints, name):
+    """`quantize inspect` summarizes from headers and config only."""
+    code, heavy, out, err = run_fresh("inspect", checkpoints[name])
+    assert (code, heavy) == (0, []), err
+    assert out.startswith(f"{checkpoints[name]}: 2 shard(s)") and "BF16" in out and "not quantized" in out, out
