@@ -208,4 +208,3 @@ EXAMPLES = {
     ),
     "tiny-deepseek": lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3),
 }
-assert tuple(EXAMPLES) == NAMES  # one list of example names (examples.py)

@@ -3,7 +3,7 @@
 A fresh ``quantize convert`` spends seconds importing torch with its CUDA libraries (6 s cold on
 the GPU machine, docs/performance.md) before the first byte of the checkpoint is read; on a cold
 page cache the disk sits idle meanwhile. ``convert`` starts this before the heavy imports (this
-module imports neither torch nor the library): a daemon thread asks the kernel to read the source
+module imports no torch): a daemon thread asks the kernel to read the source
 shards ahead (``posix_fadvise(WILLNEED)``, in the read order of the plan: shard by shard, offset
 0 up), 64 MB at a time, until the conversion's own reads start (:func:`stop`) or a cap is
 reached. The pages land in the page cache, not in this process: RSS and ``--memory-budget`` are
@@ -17,6 +17,7 @@ later, by the library); nothing here raises: any failure just means no warm-up.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import threading
 
@@ -67,10 +68,22 @@ class Warmup:
 
 
 def shards(src: str) -> list[str]:
-    """The ``.safetensors`` files of local folder `src` in the plan's read order (file name order)."""
+    """The shards of local folder `src` the plan reads, in its read order (file name order): those
+    its index names when it has one (a stray ``consolidated.safetensors`` beside them is never
+    read, so it must not be warmed), else every ``.safetensors`` file. [] where unsure."""
+    from .checkpoint.source import INDEX_NAME  # torch-free, as is everything here
+
     if not os.path.isdir(src):
         return []
-    return sorted(glob.glob(os.path.join(glob.escape(src), "*.safetensors")))
+    index = os.path.join(src, INDEX_NAME)
+    if not os.path.exists(index):
+        return sorted(glob.glob(os.path.join(glob.escape(src), "*.safetensors")))
+    try:
+        with open(index, encoding="utf-8") as f:
+            names = set(json.load(f)["weight_map"].values())
+        return [os.path.join(src, n) for n in sorted(names) if isinstance(n, str) and os.sep not in n]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []  # a broken index: the plan refuses it with its own message
 
 
 def available_memory() -> int:

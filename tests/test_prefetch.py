@@ -92,10 +92,24 @@ def test_convert_warms_the_source_then_stops(tiny_llama, tmp_path, monkeypatch):
     assert res.exit_code == 0 and started == []  # a dry run reads no weights: nothing to warm
 
 
-def test_prefetch_imports_neither_torch_nor_the_library():
-    code = "import sys, quantize_cli.prefetch; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('quantize_cli.')))"
+def test_prefetch_imports_no_torch(tmp_path):
+    """It runs before the heavy imports: starting it (index read included) must not pull them in."""
+    _files(tmp_path, {"a.safetensors": 1})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    code = (f"import sys, quantize_cli.prefetch as p; assert p.shards({str(tmp_path)!r}); "
+            "print(sorted(m for m in ('torch', 'triton', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['quantize_cli.prefetch']"
+    assert out.strip() == "[]"
+
+
+def test_shards_follow_the_index(tmp_path):
+    """With an index, only the shards it names are warmed: a consolidated copy beside them is never read."""
+    src = _files(tmp_path, {"consolidated.safetensors": 1, "model-00002-of-00002.safetensors": 1, "model-00001-of-00002.safetensors": 1})
+    index = {"weight_map": {"b": "model-00002-of-00002.safetensors", "a": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert [os.path.basename(p) for p in prefetch.shards(src)] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (tmp_path / "model.safetensors.index.json").write_text("{broken")
+    assert prefetch.shards(src) == []
 
 
 def test_no_warmup_on_resume(tiny_llama, tmp_path, monkeypatch):

@@ -206,3 +206,11 @@ def test_inspect_imports_no_torch(checkpoints, name):
     code, heavy, out, err = run_fresh("inspect", checkpoints[name])
     assert (code, heavy) == (0, []), err
     assert out.startswith(f"{checkpoints[name]}: 2 shard(s)") and "BF16" in out and "not quantized" in out, out
+
+
+def test_example_names_agree_with_their_generators():
+    """examples.NAMES (torch-free, resolves example:NAME) lists exactly the generators example.py has."""
+    from quantize_cli.example import EXAMPLES
+    from quantize_cli.examples import NAMES
+
+    assert tuple(EXAMPLES) == NAMES

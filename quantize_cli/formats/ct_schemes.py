@@ -63,7 +63,9 @@ def ct_scale(amax: torch.Tensor, half_range: float) -> torch.Tensor:
 
 
 def _rows_amax(w: torch.Tensor) -> torch.Tensor:
-    return w.abs().amax(dim=1, keepdim=True)
+    from ..schemes.numerics import abs_max
+
+    return abs_max(w, (1,)).unsqueeze(1)
 
 
 def _pad_blocks(w: torch.Tensor) -> torch.Tensor:
@@ -134,30 +136,26 @@ class CtFp8(CtScheme):
     def quantize(self, w, global_amax=None):
         import torch
 
+        from ..schemes.numerics import abs_max
+
         lo, hi = _t(-E4M3_MAX, w), _t(E4M3_MAX, w)
         if self.granularity == "block":
             n, k = w.shape
             p = _pad_blocks(w)
             nb, kb = p.shape[0] // BLOCK, p.shape[1] // BLOCK
             blocks = p.reshape(nb, BLOCK, kb, BLOCK)
-            scale = ct_scale(blocks.abs().amax(dim=(1, 3)), E4M3_MAX)  # [nb, kb]
+            scale = ct_scale(abs_max(blocks, (1, 3)), E4M3_MAX)  # [nb, kb]
             q = (blocks / scale[:, None, :, None]).clamp_(lo, hi).to(torch.float8_e4m3fn)
             return {"weight": q.reshape(p.shape)[:n, :k].contiguous(), "weight_scale": scale}
         if self.granularity == "channel":
             scale = ct_scale(_rows_amax(w), E4M3_MAX)  # [N, 1]
         else:
-            amax = w.abs().amax() if global_amax is None else global_amax.to(w.device, w.dtype)
+            amax = abs_max(w) if global_amax is None else global_amax.to(w.device, w.dtype)
             scale = ct_scale(amax.reshape(()), E4M3_MAX)  # 0-d, written [1]
         out = {"weight": (w / scale).clamp_(lo, hi).to(torch.float8_e4m3fn), "weight_scale": scale}
         if self.static_input_scale is not None:
             out["input_scale"] = self._static_input(w)
         return out
-
-    def global_amax(self, w):
-        import torch
-
-        # abs/max are exact in the source dtype; a fused group shares the max (the scale is per tensor)
-        return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
 
     def dequantize(self, q):
         w, s = q["weight"].float(), q["weight_scale"].float()
@@ -217,18 +215,13 @@ class CtNvfp4(CtScheme):
             out["input_global_scale"] = ("F32", (1,))
         return out
 
-    def global_amax(self, w):
-        import torch
-
-        return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
-
     def quantize(self, w, global_amax=None):
         import torch
 
-        from ..schemes.numerics import pack_nibbles
+        from ..schemes.numerics import abs_max, pack_nibbles
 
         n, k = w.shape
-        gamax = (w.abs().amax() if global_amax is None else global_amax.to(w.device)).to(w.dtype).reshape(())
+        gamax = (abs_max(w) if global_amax is None else global_amax.to(w.device)).to(w.dtype).reshape(())
         gamax = torch.clamp(gamax, min=torch.finfo(w.dtype).tiny)
         # compressed-tensors evaluates `2688 / amax` as torch does a Python number over a tensor:
         # reciprocal(amax) rounded to the source dtype, times 2688, rounded again

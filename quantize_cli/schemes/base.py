@@ -75,7 +75,9 @@ class Scheme:
         """0-d fp32 max |w| (exact: abs/max run in the source dtype)."""
         import torch
 
-        return w.abs().amax().float() if w.numel() else torch.zeros((), device=w.device)
+        from .numerics import abs_max
+
+        return abs_max(w).float() if w.numel() else torch.zeros((), device=w.device)
 
     def quantize(self, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Quantize `w` ``[N, K]``; `global_amax` (0-d fp32) overrides max |w| for shared scales."""
