@@ -49,7 +49,7 @@ class Warmup:
         for path in self.files:
             try:
                 fd = os.open(path, os.O_RDONLY)
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a hostile index names "a\0b"
                 continue
             try:
                 size = os.fstat(fd).st_size

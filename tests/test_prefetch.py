@@ -62,7 +62,7 @@ def test_stop_ends_the_thread_and_reports_bytes(tmp_path, monkeypatch):
 def test_unreadable_files_are_skipped_quietly(tmp_path, monkeypatch):
     calls = _record(monkeypatch)
     _files(tmp_path, {"b": 5})
-    w = prefetch.Warmup([str(tmp_path / "missing"), str(tmp_path / "b")], cap=100)
+    w = prefetch.Warmup([str(tmp_path / "missing"), str(tmp_path / "nul\0byte"), str(tmp_path / "b")], cap=100)
     w._run()
     assert [c[:3] for c in calls] == [("b", 0, 5)]
 
