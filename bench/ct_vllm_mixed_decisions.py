@@ -25,7 +25,7 @@ import types
 
 OUT = "/tmp/ct-mixed"
 TINY = "tests/golden/checkpoints/tiny-llama"
-MOE = f"{OUT}/moe-src"  # quantize_cli.example.qwen3_moe_tensors(qwen3_moe_config(), seed=3)
+MOE = f"{OUT}/moe-src"  # quantize_cli.checkpoint.example_weights.qwen3_moe_tensors(qwen3_moe_config(), seed=3)
 # case -> (source, --algo, --algo-for): every algorithm appears as a dense default and as experts
 CASES = {
     "llama-NVFP4-attn-FP8_PB_WO": (TINY, "NVFP4", ["self_attn*=FP8_PB_WO"]),
@@ -47,7 +47,7 @@ def make() -> None:
     from safetensors.torch import save_file
 
     from quantize_cli.api import convert
-    from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors
+    from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
 
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(MOE)

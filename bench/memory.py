@@ -35,7 +35,7 @@ print("RESULT " + json.dumps({"s": time.perf_counter() - t, "rss_GB": peak_rss_g
 def make(root: str, layers: int, hidden: int) -> int:
     """A Llama-shaped bf16 checkpoint with `layers` layers (one shard per 4 layers)."""
     sys.path.insert(0, ROOT)
-    from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 
     cfg = llama_config(hidden=hidden, intermediate=4 * hidden, layers=layers, heads=hidden // 128, kv_heads=max(1, hidden // 512), vocab=32000)
     tensors = llama_tensors(cfg)

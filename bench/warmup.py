@@ -25,7 +25,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OFF = "import quantize_cli.prefetch as p; p.start = lambda src: None; "
+OFF = "import quantize_cli.run.prefetch as p; p.start = lambda src: None; "
 ENTRY = "from quantize_cli.cli import main; main()"
 
 

@@ -18,29 +18,18 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from . import prefetch
-from .checkpoint.destination import Destination
+from .run import prefetch
+from .output.destination import Destination
 from .checkpoint.durable import copy_durable
-from .checkpoint.metadata import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
+from .formats.modelopt_documents import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
 from .console import Console
 from .devices import resolve_device, warm_device as _warm_device  # noqa: F401  (resolve_device: the library's)
 from .errors import DestinationError, QuantizeError
-from .options import Checked, ConvertOptions
-from .output_paths import check_json_output
-from .plan import Plan
-from .planning import (  # noqa: F401  (prepare, check, raise_problems: the library's entry points too)
-    _kv,
-    _size,
-    check,
-    check_options,
-    dry_run,
-    make_plan,
-    prepare,
-    raise_problems,
-    recorded_options,
-    validate,
-)
-from .report import human_bytes, run_report, write_json
+from .plan.options import Checked, ConvertOptions
+from .plan.output_paths import check_json_output
+from .plan.build import Plan
+from .plan.steps import _kv, _size, check, check_options, dry_run, make_plan, prepare, raise_problems, recorded_options, validate
+from .output.report import human_bytes, run_report, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +106,7 @@ def convert(
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
-    The keywords make a :class:`~quantize_cli.options.ConvertOptions` (the CLI builds the same
+    The keywords make a :class:`~quantize_cli.plan.options.ConvertOptions` (the CLI builds the same
     value from its flags) and :func:`run` runs it. Raises :class:`QuantizeError` subclasses for
     every user-facing failure; DST only ever appears complete.
     """
@@ -177,7 +166,7 @@ def _write(opts: ConvertOptions, ok: Checked, plan: Plan, options: dict, timings
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))
             verified = _verify_before_publishing(dest, opts.src if on_disk else None, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
-        from .card import write_conversion_card  # README.md: how this output was made
+        from .output.card import write_conversion_card  # README.md: how this output was made
 
         card = {k: getattr(opts, k) for k in opts.names() if k not in ("src", "dst")}  # the card's command line: every option that decides the output
         write_conversion_card(plan, dest.partial, verified, opts.src, opts.dst, opts.push_to_hub, card)
@@ -203,7 +192,7 @@ def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, 
     """The report, --push-to-hub (only now: DST is complete and verified) and the closing line."""
     doc = run_report(plan, options, stats, timings, dest.dst)
     if verified is not None:  # --verify's outcome, as the card states it
-        from .card import verify_summary
+        from .output.card import verify_summary
 
         doc["verify"] = verify_summary(verified, lambda _m: plan.scheme.algo)
     if getattr(stats, "ray", None):
@@ -212,7 +201,7 @@ def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, 
         write_json(opts.report, doc)
     pushed = None
     if opts.push_to_hub:
-        from .publish import push_after_convert
+        from .output.publish import push_after_convert
 
         pushed = push_after_convert(dest.dst, opts.push_to_hub, opts.private, opts.revision_out, opts.quiet, doc, opts.report)
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
@@ -244,7 +233,7 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
 def _already_complete(plan: Plan, dst: str, options: dict, source_id: str, report, timings: dict, con: Console) -> ConvertResult:
     """--resume on a finished DST made the same way: checked by retry.py; succeed without writing."""
     from .formats import metadata_documents
-    from .retry import confirm_finished
+    from .output.retry import confirm_finished
 
     kv = options.get("kv_cache_dtype")
     docs = metadata_documents(plan, _kv(kv)) or dict(zip(("hf_quant_config.json", "config.json"), metadata_docs(plan, kv, options)))
@@ -288,14 +277,14 @@ def _verify_before_publishing(dest: Destination, src: str | None, con: Console):
 
 def _quantize_fn(dev: torch.device, con: Console, kernels: str = "auto", ct_format: bool = False):
     """--kernels: the Triton kernels (bit-identical to the references) or None, the torch reference (kernel_choice.py)."""
-    from .kernel_choice import quantize_fn
+    from .run.kernel_choice import quantize_fn
 
     return quantize_fn(kernels, dev, con.warn, ct_format)
 
 
 def _ray():
     """--executor ray lives in its own room (executors/); Ray itself is imported only there."""
-    from .executors import ray_executor
+    from .run import ray_executor
 
     return ray_executor
 
@@ -309,10 +298,10 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
              hub=None, source_id: str = ""):
     from tqdm import tqdm
 
-    from . import resume as journal_mod
+    from .output import resume as journal_mod
     from .checkpoint.writer import ShardWriter
-    from .execute import Executor
-    from .formats.exclusions import is_ct  # compressed-tensors math runs as its torch reference on any device
+    from .run.execute import Executor
+    from .formats.ct_exclusions import is_ct  # compressed-tensors math runs as its torch reference on any device
 
     earlier = dest.acquire(resume=resume)
     writer = ShardWriter(dest.partial, plan.outputs, plan.shard_names)
@@ -333,7 +322,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         sizes, resolver = executor_sizes(budget), None
         if hub:  # --low-disk: sidecars now, each source shard only while it is being read
             from .checkpoint.hub import LazyShards, hub_sidecars
-            from .schedule import Schedule
+            from .run.schedule import Schedule
 
             side = dest.path(".source-sidecars")
             source = replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side))
@@ -364,7 +353,7 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
         _write_metadata(plan, dest.partial, kv, options)
     except OSError as exc:
         raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space and rerun with --resume") from exc
-    from .retry import run_record, seal
+    from .output.retry import run_record, seal
 
     seal(dest.partial, run_record(options, fp, source_id))  # the journal's CRCs + how DST was made, kept in DST
     for scratch in (".source-sidecars", ".source-shards"):
@@ -376,14 +365,14 @@ def _execute(plan: Plan, dest: Destination, dev, budget: int, resume: bool, meas
 
 def metadata_docs(plan: Plan, kv, options: dict) -> tuple[dict, dict]:
     """The (hf_quant_config.json, config.json) documents this run writes: a pure function of plan and options."""
-    from .recipe import recipe_record
+    from .plan.recipe import recipe_record
 
     # The resolved recipe is recorded so unpack and verify read the fused table and expert names back.
     extra: dict = {"recipe": recipe_record(plan.recipe)}
     if plan.packing is not None:  # recorded so unpack can rebuild the identical plain checkpoint
         extra["layout"] = {**plan.packing.metadata(), "max_shard_size": options["max_shard_size"]}
     if plan.act_scales is not None:  # read back by `verify`: which input scales are calibrated, on what
-        from .report import calibration_summary
+        from .output.report import calibration_summary
 
         extra["calibration"] = calibration_summary(plan, full=False)
     nested = mixed_hf_quant_config(plan, _kv(kv)) if plan.mixed else hf_quant_config(plan.scheme, plan.exclude_modules, _kv(kv), extra)
@@ -413,7 +402,7 @@ def _copy_sidecars(plan: Plan, folder: str) -> None:
 def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None = None, json: str | None = None,
          quiet: bool = False, console: Console | None = None) -> dict:
     """``quantize push``: upload finished checkpoint `dst` to Hub repo `repo_id` (publish.py); a rerun resumes."""
-    from .publish import push as run
+    from .output.publish import push as run
 
     if json:
         check_json_output(json, "--json", (dst,))

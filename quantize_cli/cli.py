@@ -122,13 +122,13 @@ def convert(src, dst, quiet, debug, **options):
 
     def go():
         if not (options["dry_run"] or options["resume"]) and options["executor"] == "local":
-            from . import prefetch
+            from .run import prefetch
 
             # The disk reads ahead while torch imports (prefetch.py); api stops it. Not on --resume
             # (the first bytes are likely done) nor for Ray (its workers read, maybe elsewhere).
             prefetch.start(src)
         from .api import run
-        from .options import ConvertOptions
+        from .plan.options import ConvertOptions
 
         return run(ConvertOptions(src=src, dst=dst, quiet=quiet, **options))
 
@@ -247,7 +247,7 @@ def recipes(ctx):
 @recipes.command("list")
 def recipes_list():
     """One line per shipped recipe: name, model types, description."""
-    from .recipe import builtin_names, load_recipe
+    from .plan.recipe import builtin_names, load_recipe
 
     for name in builtin_names():
         r = load_recipe(name)
@@ -261,7 +261,7 @@ def recipes_show(name, quiet, debug):
     """Print recipe NAME resolved (after extends) as YAML."""
 
     def go():
-        from .recipe import describe
+        from .plan.recipe import describe
 
         click.echo(describe(name))
 
@@ -287,7 +287,7 @@ def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, mem
     """Run SRC layer by layer on calibration data and write every Linear input amax and K/V amax."""
 
     def go():
-        from . import prefetch
+        from .run import prefetch
 
         prefetch.start(src)  # the source's first layers come off the disk while torch and transformers import
         from .api import calibrate as run

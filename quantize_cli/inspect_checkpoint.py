@@ -13,7 +13,7 @@ from .checkpoint.safetensors_header import read_header
 from .checkpoint.source import regular_file_inside
 from .errors import SourceError
 from .jsonfile import read_json_or_none
-from .report import human_bytes
+from .output.report import human_bytes
 
 
 def inspect_checkpoint(path: str, revision: str | None = None) -> str:

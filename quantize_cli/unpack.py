@@ -13,17 +13,17 @@ import os
 
 
 from . import layouts
-from .checkpoint.destination import Destination
+from .output.destination import Destination
 from .checkpoint.durable import copy_durable
-from .checkpoint.metadata import write_config_files
+from .formats.modelopt_documents import write_config_files
 from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_dtype
 from .checkpoint.writer import ShardWriter
 from .errors import SourceError
-from .experts import expert_names
+from .plan.experts import expert_names
 from .jsonfile import JsonFileError, load_json, read_json_or_none
-from .packing import ACT_DTYPES, unstack
-from .plan import OutTensor, _assign_shards, parse_size
-from .recipe import recipe_of_output
+from .layouts.packing import ACT_DTYPES, unstack
+from .plan.build import OutTensor, _assign_shards, parse_size
+from .plan.recipe import recipe_of_output
 from .schemes import scheme_for_quant_algo
 
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
@@ -125,6 +125,6 @@ def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
         if name in _SKIP or name.endswith(".safetensors") or name.startswith(".") or not os.path.isfile(path):
             continue
         copy_durable(path, os.path.join(folder, name))
-    from .card import mark_unpacked
+    from .output.card import mark_unpacked
 
     mark_unpacked(folder, nested, os.path.basename(src.rstrip("/")))  # the copied card: plain layout, serve lines

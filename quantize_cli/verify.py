@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checkpoint.metadata import flat_quantization_config
+from .formats.modelopt_documents import flat_quantization_config
 from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
 from .checkpoint.source import regular_file_inside
-from .classify import LINEAR, classify, fused_groups, natural_key
+from .plan.classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
-from .finite import all_finite
-from .exclusions import verify_exclusions
+from .run.finite import all_finite
+from .formats.modelopt_exclusions import verify_exclusions
 from .jsonfile import MISSING, JsonFileError, load_json, read_json_or_none
-from .mixed import LINEAR_SERVED, MIXED
-from .recipe import load_recipe, recipe_of_output
+from .plan.mixed import LINEAR_SERVED, MIXED
+from .plan.recipe import load_recipe, recipe_of_output
 from .schemes import SCHEMES, Scheme, scheme_for_quant_algo as scheme_for
-from .validate import ERROR, WARNING, Finding, FindingsResult
+from .plan.validate import ERROR, WARNING, Finding, FindingsResult
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
 SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0,
@@ -326,7 +326,7 @@ def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bo
 
 def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
     from .checkpoint.source import open_source
-    from .experts import expand, read_virtual
+    from .plan.experts import expand, read_virtual
     from .schemes.numerics import error_fields, square_sums
     from .schemes.search import compare_with_rtn
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 

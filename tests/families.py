@@ -77,7 +77,7 @@ def qwen_moe(model_type, shared=False):
 
 
 def deepseek_v3():
-    from quantize_cli.example import deepseek_config, deepseek_tensors
+    from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors
 
     cfg = deepseek_config()
     return cfg, {k: tuple(v.shape) for k, v in deepseek_tensors(cfg).items()}

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from huggingface_hub import ModelCard
 
 from quantize_cli.api import check, convert, unpack, verify
-from quantize_cli.card import command_line, render_card, serve_lines, sqnr_by_algo
+from quantize_cli.output.card import command_line, render_card, serve_lines, sqnr_by_algo
 from quantize_cli.cli import main
 
 SOURCE_CARD = """---

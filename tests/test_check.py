@@ -83,7 +83,7 @@ def test_pattern_table(family, pattern, verdicts):
 
 
 def test_substring_trap_is_warned(make_checkpoint):
-    from quantize_cli.example import llama_config, llama_tensors
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
     cfg = llama_config(layers=11)
     result = check(make_checkpoint(llama_tensors(cfg), cfg), "FP8", exclude=["model.layers.1"])

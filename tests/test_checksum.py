@@ -2,8 +2,8 @@
 
 import pytest
 
-from quantize_cli import checksum
-from quantize_cli.pipeline import AsyncWriter, ByteBudget
+from quantize_cli.run import checksum
+from quantize_cli.run.pipeline import AsyncWriter, ByteBudget
 
 
 class _Sink:

@@ -66,7 +66,7 @@ def test_dry_run_writes_nothing(tiny_llama, tmp_path):
 
 
 def test_plan_problems_exit_1_with_every_offender(make_checkpoint, tmp_path):
-    from quantize_cli.example import llama_config, llama_tensors
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
     cfg = llama_config(hidden=192, intermediate=320)
     src = make_checkpoint(llama_tensors(cfg), cfg)
@@ -79,7 +79,7 @@ def test_plan_problems_exit_1_with_every_offender(make_checkpoint, tmp_path):
 
 
 def test_failure_mid_run_leaves_no_finished_looking_destination(tiny_llama, tmp_path, monkeypatch):
-    import quantize_cli.compute as compute
+    import quantize_cli.run.compute as compute
 
     calls = {"n": 0}
     real = compute.ComputeStage.run_task
@@ -111,7 +111,7 @@ def test_missing_source_one_line(tmp_path):
 
 
 def test_report_written_on_failure_too(make_checkpoint, tmp_path):
-    from quantize_cli.example import llama_config, llama_tensors
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
     cfg = llama_config(hidden=192, intermediate=320)
     src = make_checkpoint(llama_tensors(cfg), cfg)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from quantize_cli.algorithms import ALGOS as ALL_ALGOS
 from quantize_cli.api import convert
 from quantize_cli.checkpoint.safetensors_io import st_dtype
-from quantize_cli.example import llama_config, llama_tensors
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
 from tests.conftest import assert_same_bytes, load_all, golden_checkpoint
@@ -168,7 +168,7 @@ def test_kv_cache_fp8_cast_mode(tiny_llama, tmp_path):
 
 def test_large_tensor_is_streamed_in_row_chunks_with_identical_bytes(make_checkpoint, tmp_path, monkeypatch):
     """A tiny memory budget forces row chunks and the two-pass global amax: same bytes as one pass."""
-    import quantize_cli.execute as ex
+    import quantize_cli.run.execute as ex
 
     reads = []
     real = ex.read_rows

@@ -9,11 +9,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import quantize_cli.pipeline as pipeline
+import quantize_cli.run.pipeline as pipeline
 from quantize_cli.api import check, convert, verify
 from quantize_cli.cli import main
 from quantize_cli.errors import CheckFailed
-from quantize_cli.example import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
+from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.formats.ct_config import PRESETS
 from quantize_cli.schemes.numerics import sqnr_db

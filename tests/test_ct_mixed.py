@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from quantize_cli.api import check, convert
 from quantize_cli.cli import main
 from quantize_cli.errors import CheckFailed, PlanError, UsageError
-from quantize_cli.example import llama_config, llama_tensors, qwen3_moe_config, qwen3_moe_tensors
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.formats.ct_mixed import group_of
 from quantize_cli.formats.vllm_ct import VLLM_CT
 from quantize_cli.inspect_checkpoint import ct_summary
-from quantize_cli.mixed import served
+from quantize_cli.plan.mixed import served
 from quantize_cli.verify import verify_checkpoint
 from tests.conftest import GOLDEN, assert_same_bytes, load_all
 

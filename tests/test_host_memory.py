@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from quantize_cli.host_memory import MIN_INFLIGHT, inflight_limit, rss_bytes, warm_baseline
+from quantize_cli.run.host_memory import MIN_INFLIGHT, inflight_limit, rss_bytes, warm_baseline
 
 
 def test_the_baseline_comes_off_the_budget_down_to_a_floor():
@@ -22,7 +22,7 @@ def test_rss_is_measured():
 
 
 def _run(plan, folder, monkeypatch, baseline, **kw):
-    import quantize_cli.execute as ex
+    import quantize_cli.run.execute as ex
     from quantize_cli.checkpoint.writer import ShardWriter
 
     monkeypatch.setattr(ex, "warm_baseline", lambda device: baseline)
@@ -63,7 +63,7 @@ def test_before_the_cuda_context_exists_its_size_is_counted(monkeypatch):
     """Reads start while the context is being created: they must not fill what the context takes."""
     import torch
 
-    from quantize_cli import host_memory
+    from quantize_cli.run import host_memory
 
     monkeypatch.setattr(host_memory, "rss_bytes", lambda: 700 << 20)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
@@ -77,7 +77,7 @@ def test_the_pinned_pool_is_given_back_when_over_the_limit(monkeypatch):
     """Cached pinned blocks count in RSS: over the in-flight limit they go back to CUDA (torch frees only unused ones)."""
     import torch
 
-    from quantize_cli import host_memory
+    from quantize_cli.run import host_memory
 
     emptied = []
     monkeypatch.setattr(host_memory, "_empty_host_cache", lambda: lambda: emptied.append(1))
@@ -95,7 +95,7 @@ def test_the_pinned_pool_is_given_back_when_over_the_limit(monkeypatch):
 
 
 def test_pinned_budgets_count_the_blocks_torch_allocates():
-    from quantize_cli.pipeline import ByteBudget, pinned_block
+    from quantize_cli.run.pipeline import ByteBudget, pinned_block
 
     assert [pinned_block(n) for n in (0, 1, 3, 4, 5, 117 << 20)] == [0, 1, 4, 4, 8, 128 << 20]
     b = ByteBudget(256 << 20, pinned=True)

@@ -7,7 +7,7 @@ import torch
 
 from quantize_cli.api import convert
 from quantize_cli.errors import UsageError
-from quantize_cli.kernel_choice import check_kernels
+from quantize_cli.run.kernel_choice import check_kernels
 from tests.conftest import output_files
 
 

@@ -11,7 +11,7 @@ import pytest
 from quantize_cli.api import convert
 from quantize_cli.checkpoint.safetensors_io import read_header
 from quantize_cli.errors import UsageError
-from quantize_cli.example import llama_config, llama_tensors
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
 
 @pytest.fixture

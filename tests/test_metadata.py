@@ -3,7 +3,7 @@
 import pytest
 
 from quantize_cli import __version__
-from quantize_cli.checkpoint.metadata import flat_quantization_config, hf_quant_config, output_config
+from quantize_cli.formats.modelopt_documents import flat_quantization_config, hf_quant_config, output_config
 from quantize_cli.schemes import SCHEMES
 
 PRODUCER = {"name": "modelopt", "version": "0.47.0"}

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from quantize_cli.api import convert, prepare
 from quantize_cli.errors import PlanError
-from quantize_cli.example import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
+from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import sqnr_db
 from tests.conftest import assert_same_bytes, load_all
@@ -181,7 +181,7 @@ def test_deepseek_block_fp8_reports_mla_shape_and_moe_at_once(deepseek):
 
 
 def test_all_zero_linear_has_no_nan_anywhere(make_checkpoint, tmp_path):
-    from quantize_cli.example import llama_config, llama_tensors
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
     cfg = llama_config()
     t = llama_tensors(cfg)

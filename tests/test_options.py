@@ -7,7 +7,7 @@ import pytest
 
 from quantize_cli import api
 from quantize_cli.errors import UsageError
-from quantize_cli.options import ConvertOptions
+from quantize_cli.plan.options import ConvertOptions
 
 
 def test_every_library_keyword_is_an_option_and_every_flag_too():

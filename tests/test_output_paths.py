@@ -7,7 +7,7 @@ import json
 import pytest
 
 from quantize_cli.errors import UsageError
-from quantize_cli.output_paths import check_json_output
+from quantize_cli.plan.output_paths import check_json_output
 
 
 @pytest.mark.parametrize("doc", [

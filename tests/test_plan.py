@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from quantize_cli.api import prepare
-from quantize_cli.example import llama_config, llama_tensors
-from quantize_cli.plan import natural_key, parse_size
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
+from quantize_cli.plan.build import natural_key, parse_size
 
 
 def test_llama_decisions_and_groups(tiny_llama):

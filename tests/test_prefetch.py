@@ -10,7 +10,7 @@ import sys
 
 from click.testing import CliRunner
 
-from quantize_cli import prefetch
+from quantize_cli.run import prefetch
 from quantize_cli.cli import main
 
 
@@ -96,7 +96,7 @@ def test_prefetch_imports_no_torch(tmp_path):
     """It runs before the heavy imports: starting it (index read included) must not pull them in."""
     _files(tmp_path, {"a.safetensors": 1})
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
-    code = (f"import sys, quantize_cli.prefetch as p; assert p.shards({str(tmp_path)!r}); "
+    code = (f"import sys, quantize_cli.run.prefetch as p; assert p.shards({str(tmp_path)!r}); "
             "print(sorted(m for m in ('torch', 'triton', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

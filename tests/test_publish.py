@@ -17,7 +17,7 @@ from huggingface_hub import constants as hf_constants
 from quantize_cli.api import convert, push
 from quantize_cli.cli import main
 from quantize_cli.errors import NumericsError, PublishError, UsageError
-from quantize_cli.example import llama_config, llama_tensors
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 
 from .fakehub import FakeHub, register_pending
 
@@ -189,7 +189,7 @@ def test_an_existing_repo_is_reused(hub, no_xet, tiny_llama, tmp_path):
 
 def test_torch_is_not_needed_to_import_publish():
     """publish.py imports huggingface_hub and torch lazily (the CLI's --help stays instant)."""
-    code = "import sys, quantize_cli.publish, quantize_cli.card; print('torch' in sys.modules, 'huggingface_hub' in sys.modules)"
+    code = "import sys, quantize_cli.output.publish, quantize_cli.output.card; print('torch' in sys.modules, 'huggingface_hub' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
     assert out == ["False", "False"]
     assert torch  # keeps the import used: this module itself needs torch for the fixtures

@@ -20,11 +20,11 @@ ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra
 
 from quantize_cli.api import convert, prepare  # noqa: E402
 from quantize_cli.errors import NumericsError, UsageError  # noqa: E402
-from quantize_cli.example import deepseek_config, deepseek_tensors, llama_config, llama_tensors  # noqa: E402
-from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors  # noqa: E402
-from quantize_cli.executors import ray_tasks  # noqa: E402
-from quantize_cli.executors.partition import partition  # noqa: E402
-from quantize_cli.executors.ray_executor import RayRunError, check_device  # noqa: E402
+from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, llama_config, llama_tensors  # noqa: E402
+from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors  # noqa: E402
+from quantize_cli.run import ray_tasks  # noqa: E402
+from quantize_cli.run.partition import partition  # noqa: E402
+from quantize_cli.run.ray_executor import RayRunError, check_device  # noqa: E402
 
 from .ray_faults import FAULTS_ENV  # noqa: E402
 from .test_low_disk import fake_hub  # noqa: E402,F401 - the driver-side fake Hub
@@ -54,7 +54,7 @@ def files(folder) -> dict[str, bytes]:
 def sources(tmp_path_factory):
     """Dense Llama (k x0.25, up x4 so fused scales differ), per-expert Qwen3-MoE, fused-expert
     Qwen3-MoE and DeepSeek-V3-style MLA + MoE, each in 2 source shards."""
-    from quantize_cli.example import write_checkpoint
+    from quantize_cli.checkpoint.example_weights import write_checkpoint
 
     root = tmp_path_factory.mktemp("sources")
     cfg = llama_config()
@@ -112,7 +112,7 @@ def test_split_group_amax_task_equals_the_executor(sources):
 
     plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
     task = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax)
-    from quantize_cli.execute import read_rows
+    from quantize_cli.run.execute import read_rows
 
     expect = torch.stack([plan.scheme.global_amax(read_rows(m.source, 0, m.source.shape[0])) for m in task.members]).amax()
     got = ray_tasks.group_amax([m.source for m in task.members])
@@ -131,7 +131,7 @@ def test_worker_killed_mid_write_is_retried_to_the_same_bytes(cluster, sources, 
 
 DRIVER = """
 import sys, time
-import quantize_cli.resume as r
+import quantize_cli.output.resume as r
 real = r.Journal.append
 def slow(self, index, crc):  # a slow driver: each journaled shard takes a second
     real(self, index, crc)

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import output_files
 
-import quantize_cli.pipeline as pipeline
+import quantize_cli.run.pipeline as pipeline
 from quantize_cli.api import convert
 from quantize_cli.errors import DestinationError
 
@@ -82,7 +82,7 @@ def test_resume_without_earlier_work_starts_fresh(tiny_llama, tmp_path):
 def test_serial_and_overlapped_pipelines_write_the_same_bytes(tiny_llama, tmp_path):
     from quantize_cli.api import prepare
     from quantize_cli.checkpoint.writer import ShardWriter
-    from quantize_cli.execute import Executor
+    from quantize_cli.run.execute import Executor
     import torch
 
     for overlap in (False, True):

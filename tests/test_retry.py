@@ -17,7 +17,7 @@ KILL_AFTER_RENAME = textwrap.dedent(
     """
     # Test hook (tests/test_retry.py): SIGKILL this process right after DST is renamed into place.
     import os, signal
-    import quantize_cli.checkpoint.destination as _d
+    import quantize_cli.output.destination as _d
     _commit = _d.Destination.commit
     def _commit_then_die(self):
         _commit(self)

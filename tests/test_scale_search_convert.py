@@ -72,7 +72,7 @@ def test_usage_errors(tiny_llama, tmp_path):
 
 
 def test_library_keyword_and_resume_fingerprint(tiny_llama, tmp_path):
-    from quantize_cli import resume
+    from quantize_cli.output import resume
     res = api.convert(tiny_llama, str(tmp_path / "o"), algo="INT8", device="cpu", quiet=True, scale_search="mse")
     assert res.report["options"]["scale_search"] == "mse"
     plan = res.plan

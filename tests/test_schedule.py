@@ -5,8 +5,8 @@ import torch
 
 from quantize_cli.api import executor_sizes, prepare
 from quantize_cli.checkpoint.writer import ShardWriter
-from quantize_cli.execute import Executor
-from quantize_cli.schedule import Amax, Hold, PackExperts, PackGroup, Quantize, Schedule, Share, reads
+from quantize_cli.run.execute import Executor
+from quantize_cli.run.schedule import Amax, Hold, PackExperts, PackGroup, Quantize, Schedule, Share, reads
 from tests.conftest import output_files
 
 
@@ -29,7 +29,7 @@ def _run(plan, folder, sizes, overlap):
 def test_the_compute_consumes_exactly_the_schedule(tmp_path, monkeypatch, example, algo, layout, budget):
     """Serially (no read-ahead to check the order) the reads the compute asks for are the schedule's
     reads, in order; the overlapped run (which checks every read against it) writes the same bytes."""
-    import quantize_cli.execute as ex
+    import quantize_cli.run.execute as ex
 
     plan = prepare(f"example:{example}", algo, layout=layout)
     sizes = executor_sizes(budget)

@@ -69,7 +69,7 @@ def run_fresh(*args, env: dict | None = None) -> tuple[int, list[str], str, str]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """A dense Llama and two MoE checkpoints (per-expert Qwen3-MoE, DeepSeek-V3), bf16, 2 shards each."""
-    from quantize_cli.example import write_checkpoint
+    from quantize_cli.checkpoint.example_weights import write_checkpoint
 
     root = tmp_path_factory.mktemp("ckpt")
     out = {}
@@ -114,7 +114,7 @@ def test_check_failure_is_the_same_without_torch(checkpoints):
 def test_check_example_and_hub_id_import_no_torch(tmp_path, monkeypatch, checkpoints):
     """example:tiny-llama once generated (generating it needs torch: its weights are random), and a
     Hub repo id answered from headers (a weight download would raise)."""
-    from quantize_cli.examples import example_path
+    from quantize_cli.checkpoint.examples import example_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the subprocess inherits it
     example_path("tiny-llama")  # generated here, in the test's own process
@@ -210,7 +210,7 @@ def test_inspect_imports_no_torch(checkpoints, name):
 
 def test_example_names_agree_with_their_generators():
     """examples.NAMES (torch-free, resolves example:NAME) lists exactly the generators example.py has."""
-    from quantize_cli.example import EXAMPLES
-    from quantize_cli.examples import NAMES
+    from quantize_cli.checkpoint.example_weights import EXAMPLES
+    from quantize_cli.checkpoint.examples import NAMES
 
     assert tuple(EXAMPLES) == NAMES

@@ -5,7 +5,7 @@ import pytest
 from quantize_cli import layouts
 from quantize_cli.algorithms import ALGOS
 from quantize_cli.problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
-from quantize_cli.validate import ERROR, Finding, layout_request
+from quantize_cli.plan.validate import ERROR, Finding, layout_request
 
 
 @pytest.mark.parametrize("layout", ["marlin", "cutlass", "flashinfer"])
@@ -36,8 +36,8 @@ def test_finding_of_a_problem_keeps_rule_subject_and_message():
 
 def test_expert_split_problems_name_the_tensor(tmp_path):
     from quantize_cli.checkpoint.safetensors_io import TensorInfo
-    from quantize_cli.experts import expand
-    from quantize_cli.recipe import load_recipe
+    from quantize_cli.plan.experts import expand
+    from quantize_cli.plan.recipe import load_recipe
 
     t = TensorInfo("model.layers.0.mlp.experts.gate_up_proj", "BF16", (4, 6, 8), "x", 0, 4 * 6 * 8 * 2)
     _, problems = expand({t.name: t}, load_recipe("llama", "llama"), lambda m: False)
@@ -50,7 +50,7 @@ def test_report_does_not_import_plan():
     import subprocess
     import sys
 
-    code = "import sys, quantize_cli.report; print('quantize_cli.plan' in sys.modules)"
+    code = "import sys, quantize_cli.output.report; print('quantize_cli.plan.build' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["False"]
 
 
@@ -58,8 +58,8 @@ def test_compressed_tensors_block_rows_per_rank_are_a_shape_error(make_checkpoin
     """formats/block_shapes.py computes the fact (a Problem); validate.py makes it an error finding."""
     from quantize_cli.checkpoint.source import open_source
     from quantize_cli.formats import scheme_for
-    from quantize_cli.plan import build_plan
-    from quantize_cli.recipe import load_recipe
+    from quantize_cli.plan.build import build_plan
+    from quantize_cli.plan.recipe import load_recipe
     from quantize_cli.schemes import get_scheme
     from tests.families import build, dense
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..algorithms import E4M3_MAX
-from ..classify import expert_container
+from ..plan.classify import expert_container
 from .document import ScalesDoc
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def _where(doc: ScalesDoc) -> str:
 def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme, kv_cache_dtype: str | None, findings: list) -> ActScales | None:
     """Resolve `doc` for a plan being built; problems and notices become findings (`findings` is
     extended in place, and its "uncalibrated" warning dropped when the scales are calibrated)."""
-    from ..validate import ERROR, WARNING, Finding
+    from ..plan.validate import ERROR, WARNING, Finding
 
     if doc is None:
         return None

@@ -18,7 +18,7 @@ from .document import ScalesDoc
 
 def _source(src: str, revision, quiet: bool):
     from ..checkpoint.source import open_source
-    from ..recipe import load_recipe
+    from ..plan.recipe import load_recipe
 
     source = open_source(src, revision=revision, quiet=quiet)
     return source, load_recipe(None, source.config.get("model_type"))
@@ -28,7 +28,7 @@ def run_calibration(src: str, calib_data: str, samples: int, seq_len: int, devic
                     revision=None, quiet: bool = True, recipe: str | None = None, info=None) -> ScalesDoc:
     """Open `src` and calibrate it (``quantize calibrate``); `info` prints progress lines."""
     from ..checkpoint.source import open_source
-    from ..recipe import load_recipe
+    from ..plan.recipe import load_recipe
 
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
@@ -62,7 +62,7 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
     architecture: transformers builds it on the meta device, its blocks and tensor names; the memory
     budget), without running the model."""
     from ..checkpoint.source import open_source
-    from ..recipe import load_recipe
+    from ..plan.recipe import load_recipe
     from . import _hidden, _max_positions, _vocab, offload_decision
     from .data import load_samples
     from .model import build

@@ -54,7 +54,7 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
     Returns ``(folder, from_hub)``.
     """
     if src.startswith("example:"):
-        from ..examples import example_path
+        from .examples import example_path
 
         return example_path(src.split(":", 1)[1]), False
     if os.path.isdir(src):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 
 from ..checkpoint.safetensors_header import TensorInfo
-from ..classify import EMBEDDING, LINEAR, classify
-from ..recipe import load_recipe
-from ..validate import ERROR
+from ..plan.classify import EMBEDDING, LINEAR, classify
+from ..plan.recipe import load_recipe
+from ..plan.validate import ERROR
 from .ct_config import PRESETS
 from .ct_mixed import LINEAR_TARGET, group_of, group_targets
 
@@ -61,7 +61,7 @@ def verify_ct(path: str, config: dict, res, source: str | None) -> None:
     from ..verify import _check_finite, _compare_with_source, _index
     from . import CT_SCHEMES
 
-    from ..mixed import MIXED
+    from ..plan.mixed import MIXED
 
     q = config["quantization_config"]
     groups = q.get("config_groups") or {}
@@ -143,7 +143,7 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res) -> dict[str, 
 
 
 def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> None:
-    from .exclusions import ct_misread
+    from .ct_exclusions import ct_misread
 
     recipe = load_recipe(None, config.get("model_type"))
     view = {n: (TensorInfo(n, "BF16", (t.shape[0], t.shape[1] * (2 if t.leaf == "weight_packed" else 1)), t.path, t.offset, t.nbytes)

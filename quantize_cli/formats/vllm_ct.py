@@ -10,8 +10,8 @@ we write in this format has a Linear and a MoE path, so every mix of them is ser
 from __future__ import annotations
 
 from ..algorithms import is_expert_linear, is_experts_prefix
-from ..classify import LINEAR, ROUTER
-from .exclusions import ct_is_ignored, is_ct
+from ..plan.classify import LINEAR, ROUTER
+from .ct_exclusions import ct_is_ignored, is_ct
 
 # algo -> (Linear scheme, static input scale? (None: the scheme has no such flag), MoE method)
 VLLM_CT = {

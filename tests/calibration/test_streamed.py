@@ -11,7 +11,7 @@ import torch
 from quantize_cli import api
 from quantize_cli.calibration import calibrate, hooks, load
 from quantize_cli.checkpoint.source import open_source
-from quantize_cli.recipe import load_recipe
+from quantize_cli.plan.recipe import load_recipe
 from tests.calibration import builders
 from tests.conftest import load_all, same_bytes
 

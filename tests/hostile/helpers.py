@@ -11,7 +11,7 @@ import struct
 from click.testing import CliRunner
 
 from quantize_cli.cli import main
-from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 
 # Small enough to convert in a fraction of a second, every Linear dim a multiple of 128 (FP8_PB_WO).
 CFG = llama_config(hidden=128, intermediate=256, layers=1, heads=2, kv_heads=2, vocab=256)
@@ -134,7 +134,7 @@ def assert_refused(tmp_path, src, *fragments, code: int = 1, algo: str = "FP8_PB
 def interrupt_after_tasks(monkeypatch, n: int):
     """Raise KeyboardInterrupt (what Ctrl-C / SIGTERM become) when the writer reaches the n-th finished
     task; returns a function that puts the real writer back (for the resumed run)."""
-    import quantize_cli.pipeline as pipeline
+    import quantize_cli.run.pipeline as pipeline
 
     real = pipeline.AsyncWriter._do
     count = [0]

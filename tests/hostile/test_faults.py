@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import output_files
 
 import quantize_cli.checkpoint.writer as writer_mod
-from quantize_cli.checkpoint.destination import LOCK_NAME
+from quantize_cli.output.destination import LOCK_NAME
 from quantize_cli.checkpoint.writer import ShardWriter
 from quantize_cli.signals import Terminated, deferred, stop_on_signals
 
@@ -112,7 +112,7 @@ def test_metadata_write_failure_leaves_no_destination(tmp_path, src, monkeypatch
 
 def test_source_truncated_during_the_run(tmp_path, src, monkeypatch):
     """The plan was made from a good file; the bytes vanish before they are read."""
-    import quantize_cli.execute as execute
+    import quantize_cli.run.execute as execute
 
     original = execute.Executor.run
 
@@ -127,7 +127,7 @@ def test_source_truncated_during_the_run(tmp_path, src, monkeypatch):
 
 
 def test_source_deleted_during_the_run(tmp_path, src, monkeypatch):
-    import quantize_cli.execute as execute
+    import quantize_cli.run.execute as execute
 
     original = execute.Executor.run
 

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import output_files
 
 import quantize_cli.api as api
-from quantize_cli.checkpoint.destination import Destination
+from quantize_cli.output.destination import Destination
 from quantize_cli.checkpoint.writer import ShardWriter
 from quantize_cli.errors import DestinationError
 

@@ -12,12 +12,12 @@ import pytest
 from tests.conftest import output_files
 import torch
 
-import quantize_cli.resume as resume_mod
+import quantize_cli.output.resume as resume_mod
 from quantize_cli.api import convert, unpack
-from quantize_cli.checkpoint.destination import Destination
+from quantize_cli.output.destination import Destination
 from quantize_cli.checkpoint.safetensors_io import read_header
 from quantize_cli.errors import CheckFailed, DestinationError, NumericsError, SourceError
-from quantize_cli.example import llama_config, llama_tensors, write_checkpoint
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 from tests.test_low_disk import fake_hub  # noqa: F401  (fixture)
 
 from .helpers import interrupt_after_tasks, invoke, make_src
@@ -122,7 +122,7 @@ def test_low_disk_shard_that_changed_on_the_hub_is_refused(fake_hub, tmp_path, m
 
 # -- the recipe is recorded in the output ----------------------------------------------------------------
 def test_converted_with_recipe_unpacks_and_verifies(make_checkpoint, tmp_path):
-    from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors
+    from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
     from quantize_cli.verify import verify_checkpoint
 
     cfg = qwen3_moe_config()
@@ -186,7 +186,7 @@ def test_failed_unpack_leaves_no_open_file(src, tmp_path, monkeypatch):
 
 # -- publishing: the lock is held through the final rename ----------------------------------------------
 def test_a_second_run_cannot_take_the_lock_while_the_first_publishes(src, tmp_path, monkeypatch):
-    import quantize_cli.checkpoint.destination as dmod
+    import quantize_cli.output.destination as dmod
 
     dst = str(tmp_path / "out")
     real_rename = os.rename
@@ -213,7 +213,7 @@ def test_a_second_run_cannot_take_the_lock_while_the_first_publishes(src, tmp_pa
 
 # -- durability ---------------------------------------------------------------------------------------------
 def test_every_output_file_is_fsynced_before_the_rename(src, tmp_path, monkeypatch):
-    import quantize_cli.checkpoint.destination as dmod
+    import quantize_cli.output.destination as dmod
 
     synced, at_rename = set(), []
     real_fsync, real_rename = os.fsync, os.rename
@@ -265,7 +265,7 @@ def test_resume_state_is_replaced_atomically(tmp_path, monkeypatch):
 # -- --verify failing keeps the output for inspection ----------------------------------------------------------
 def test_verify_failure_keeps_the_output_beside_dst(src, tmp_path, monkeypatch):
     import quantize_cli.verify as verify_mod
-    from quantize_cli.validate import ERROR, Finding
+    from quantize_cli.plan.validate import ERROR, Finding
 
     real = verify_mod.verify_checkpoint
 
@@ -295,7 +295,7 @@ def test_check_reports_findings_of_recipe_patterns(src, tmp_path):
     with pytest.raises(CheckFailed):
         res = check(src, "FP8", recipe=str(recipe))
     from quantize_cli.api import prepare
-    from quantize_cli.check import run_check
+    from quantize_cli.plan.check import run_check
 
     res = run_check(prepare(src, "FP8", recipe=str(recipe)), [], 1)
     codes = [(f.code, f.subject) for f in res.findings]
@@ -305,8 +305,8 @@ def test_check_reports_findings_of_recipe_patterns(src, tmp_path):
 # -- MoE with --layout packs in slices within --memory-budget -------------------------------------------------
 @pytest.mark.parametrize("layout,algo", [("flashinfer", "NVFP4"), ("cutlass", "FP8"), ("cutlass", "NVFP4"), ("flashinfer", "FP8")])
 def test_moe_layout_packs_in_slices_within_the_budget_with_the_same_bytes(make_checkpoint, tmp_path, monkeypatch, layout, algo):
-    import quantize_cli.packing as packing
-    from quantize_cli.example import qwen3_moe_config, qwen3_moe_tensors
+    import quantize_cli.layouts.packing as packing
+    from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
 
     cfg = qwen3_moe_config()
     src = make_checkpoint(qwen3_moe_tensors(cfg, seed=3, fused_experts=True), cfg)

@@ -1,0 +1,158 @@
+"""Publishing a finished checkpoint to the Hugging Face Hub (``convert --push-to-hub``, ``quantize push``).
+
+The upload is huggingface_hub's: ``create_repo`` (and ``create_branch`` for ``--revision-out``),
+then ``upload_folder``. Since huggingface_hub 2.0 ``upload_folder`` is the large-folder uploader
+(the successor of ``upload_large_folder``): parallel Xet transfers, several commits for big
+folders, its own live progress, and a rerun resumes (committed files are skipped, uploaded chunks
+deduplicated). Without ``hf_xet`` it falls back to one commit whose LFS objects already on the Hub
+are not sent again, so a rerun resumes there too. ``upload_large_folder`` (0.25 - 1.x) is not
+used: it retries failures forever, and a pipeline needs an exit code.
+
+The token is huggingface_hub's business: ``HF_TOKEN`` or the ``hf auth login`` file. It is never
+passed, printed, written to a report or a card; error messages are redacted against it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import __version__
+from ..errors import PublishError, UsageError, redact
+from ..jsonfile import read_json_or_none
+from ..repo_id import is_repo_id
+
+# Work files (lock, resume journal) and huggingface_hub's own upload cache are never published.
+IGNORE = [".*", "*/.*"]
+SCHEMA_VERSION = 1
+
+
+def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> str:
+    """`repo_id` if it is ``owner/name``; a usage error (exit 2) in the first second otherwise."""
+    if not is_repo_id(repo_id):
+        raise UsageError(f"{flag} {repo_id!r}: not a Hub repo id; use owner/name (letters, digits, '-', '_', '.')")
+    return repo_id
+
+
+def check_publishable(folder: str) -> dict:
+    """Refuse anything but a finished checkpoint; return its ``hf_quant_config.json`` (or {})."""
+    if not os.path.isdir(folder):
+        raise PublishError(f"{folder}: not a folder; push takes a finished `quantize convert` output")
+    names = set(os.listdir(folder))
+    if not any(n.endswith(".safetensors") for n in names) or "config.json" not in names:
+        raise PublishError(f"{folder}: no config.json or *.safetensors; push takes a finished checkpoint folder")
+    unfinished = {".quantize.lock", ".quantize-state.json", ".quantize-journal"} & names
+    if unfinished:
+        raise PublishError(f"{folder}: holds {sorted(unfinished)[0]}, an unfinished conversion; finish it with convert --resume first")
+    return read_json_or_none(os.path.join(folder, "hf_quant_config.json")) or {}
+
+
+def serve_facts(quant_config: dict) -> dict:
+    """The few card facts the serve lines need, read back from a checkpoint's hf_quant_config.json."""
+    from ..schemes import scheme_for_quant_algo as scheme_for
+
+    q = quant_config.get("quantization") or {}
+    scheme = scheme_for(q.get("quant_algo", ""))
+    layout = ((quant_config.get("converter") or {}).get("layout") or {}).get("name", "plain")
+    return {"algos": {scheme.algo if scheme else str(q.get("quant_algo")): 0}, "layout": layout,
+            "kv_cache_dtype": "fp8" if q.get("kv_cache_quant_algo") else None}
+
+
+def _token_free(text: str) -> str:
+    """`text` with the token huggingface_hub would use (env or login file) redacted too."""
+    try:
+        from huggingface_hub import get_token
+
+        token = get_token()
+    except Exception:  # noqa: BLE001 - no token is fine here
+        token = None
+    if token and len(token) >= 8:
+        text = text.replace(token, "***")
+    return redact(text)
+
+
+def _why(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return _token_free(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+
+
+def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None = None, quiet: bool = False) -> dict:
+    """Upload finished checkpoint `dst` to Hub model repo `repo_id` (created when missing).
+
+    `private` applies when the repo is created; `revision_out` names the branch to commit to
+    (created from the default branch when missing). Returns the publish record (``schema_version``,
+    ``repo_id``, ``revision``, ``url``, ``commit``, ``files``, ``bytes``). Raises PublishError with a
+    one-line, token-free message; rerunning resumes.
+    """
+    check_repo_id(repo_id)
+    _check_branch(revision_out)
+    quant_config = check_publishable(dst)
+    try:
+        from huggingface_hub import HfApi, get_token
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError as exc:  # a dependency, but say so clearly if a trimmed install lacks it
+        raise PublishError(f"huggingface_hub is not importable ({exc}); pip install huggingface_hub") from exc
+    if not get_token():
+        raise PublishError(f"{repo_id}: no Hugging Face token; set HF_TOKEN or run `hf auth login`, then rerun")
+    if quiet:
+        disable_progress_bars()
+    from .card import retarget_card
+
+    retarget_card(dst, serve_facts(quant_config), repo_id)
+    api = HfApi()
+    step = "creating the repo"
+    try:
+        # private=None (not False) leaves a new repo to the owner's default visibility
+        api.create_repo(repo_id, repo_type="model", private=True if private else None, exist_ok=True)
+        if revision_out:
+            step = f"creating branch {revision_out}"
+            api.create_branch(repo_id, branch=revision_out, repo_type="model", exist_ok=True)
+        step = "uploading"
+        algo = ((quant_config.get("quantization") or {}).get("quant_algo")) or "quantized"
+        info = api.upload_folder(repo_id=repo_id, folder_path=dst, repo_type="model", revision=revision_out,
+                                 ignore_patterns=list(IGNORE), commit_message=f"{algo} checkpoint written by quantize {__version__}")
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM mid-upload: say what is safe, then exit 130 as usual
+        import sys
+
+        print(f"warning: upload to {repo_id} interrupted; {dst} is complete; rerun `quantize push {dst} {repo_id}` to resume",
+              file=sys.stderr, flush=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - network, HTTP and Hub errors all mean "not published yet"
+        raise PublishError(f"{repo_id}: {step} failed ({_why(exc)}); {dst} is complete; check the network and token, "
+                           f"then rerun `quantize push {dst} {repo_id}` to resume") from exc
+    files = [f for f in sorted(os.listdir(dst)) if not f.startswith(".") and os.path.isfile(os.path.join(dst, f))]
+    return {"schema_version": SCHEMA_VERSION, "repo_id": repo_id, "revision": revision_out or "main", "private": private,
+            "url": f"{api.endpoint}/{repo_id}", "commit": getattr(info, "oid", None),
+            "files": len(files), "bytes": sum(os.path.getsize(os.path.join(dst, f)) for f in files)}
+
+
+def check_push_options(push_to_hub: str | None, private: bool, revision_out: str | None) -> None:
+    """convert's publishing flags, checked in the first second (usage errors, exit 2)."""
+    if push_to_hub is None:
+        if private or revision_out:
+            raise UsageError(f"{'--private' if private else '--revision-out'} needs --push-to-hub REPO_ID")
+        return
+    check_repo_id(push_to_hub, "--push-to-hub")
+    _check_branch(revision_out)
+
+
+def _check_branch(revision_out: str | None) -> None:
+    if revision_out is not None and (not revision_out.strip() or revision_out.startswith(("-", "/")) or " " in revision_out):
+        raise UsageError(f"--revision-out {revision_out!r}: not a branch name")
+
+
+def push_after_convert(dst: str, repo_id: str, private: bool, revision_out: str | None, quiet: bool, doc: dict,
+                       report: str | None) -> dict:
+    """convert --push-to-hub: push the finished DST; record the outcome in the report either way."""
+    from .report import write_json
+
+    try:
+        record = push(dst, repo_id, private=private, revision_out=revision_out, quiet=quiet)
+    except PublishError as exc:
+        doc["publish"] = {"schema_version": SCHEMA_VERSION, "repo_id": repo_id, "status": "error", "error": exc.message}
+        if report:
+            write_json(report, doc)
+        raise
+    doc["publish"] = {**record, "status": "ok"}
+    if report:
+        write_json(report, doc)
+    return record

@@ -1,0 +1,317 @@
+"""Overlapped I/O: a read-ahead thread and a write-behind thread around the compute.
+
+The executor's reads are known in advance (the plan fixes every tensor, chunk and order), so a
+:class:`Prefetcher` performs them ahead of the compute into (pinned) host buffers, and an
+:class:`AsyncWriter` performs the ``pwrite``s behind it. One :class:`ByteBudget` bounds every
+byte in flight (read but not yet consumed, produced but not yet written), so host memory stays
+within ``--memory-budget`` whatever the model size. File I/O and torch kernels release the GIL,
+so the three stages really run at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from . import checksum
+from ..checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into
+
+
+class Timers:
+    """Seconds spent per pipeline stage (thread-safe), for the report and the benchmarks."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def time(self, stage: str):
+        timers = self
+
+        class _Span:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timers.add(stage, time.perf_counter() - self.t)
+
+        return _Span()
+
+
+def pinned_block(n: int) -> int:
+    """The bytes torch's pinned host allocator takes for `n`: the next power of two."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+class ByteBudget:
+    """A counting semaphore over bytes. One request larger than the whole budget is still
+    granted when nothing else is in flight, so a huge tensor cannot deadlock the pipeline.
+
+    `pinned`: the bytes are pinned host buffers, counted as the blocks torch allocates for them
+    (:func:`pinned_block`), so that the budget bounds the memory really held, not the payload."""
+
+    def __init__(self, limit: int, pinned: bool = False):
+        self.limit = max(1, limit)
+        self.used = 0
+        self.peak = 0
+        self._size = pinned_block if pinned else int
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, abort: Callable[[], bool] = lambda: False) -> None:
+        n = self._size(n)
+        with self._cond:
+            while self.used and self.used + n > self.limit:
+                if abort():
+                    return
+                self._cond.wait(0.1)
+            self.used += n
+            self.peak = max(self.peak, self.used)
+
+    def release(self, n: int) -> None:
+        n = self._size(n)
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+    def set_limit(self, limit: int) -> None:
+        """A new limit from now on (bytes already in flight stay granted)."""
+        with self._cond:
+            self.limit = max(1, limit)
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class Read:
+    """One planned read: rows ``[start, start+count)`` of a tensor, or bytes of a copied one."""
+
+    info: TensorInfo
+    start: int
+    count: int
+    raw: bool = False  # True: bytes of a tensor copied verbatim
+
+    @property
+    def nbytes(self) -> int:
+        if self.raw:
+            return self.count
+        rows = self.info.shape[0] if self.info.shape else 1
+        return self.count * (self.info.nbytes // max(rows, 1)) if self.info.shape else self.info.nbytes
+
+
+def load(req: Read, pin: bool, reader: Callable) -> torch.Tensor:
+    """Perform `req` into a new (pinned) buffer: raw uint8 bytes, or a typed row block."""
+    if req.raw:  # pinned too (with `pin`): the budgets and host_memory.PinnedPool then account every buffer alike
+        buf = torch.empty(req.count, dtype=torch.uint8, pin_memory=pin)
+        if req.count:
+            read_bytes_into(req.info, byte_view(buf), req.start, req.count)
+        return buf
+    return reader(req.info, req.start, req.count, pin)
+
+
+class Prefetcher:
+    """Reads `requests` in order on a background thread, at most `budget` bytes ahead."""
+
+    _DONE = object()
+
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
+                 timers: Timers | None = None):
+        self.timers = timers or Timers()
+        self.budget = budget
+        self._q: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iter(requests), loader), daemon=True, name="quantize-read")
+        self._thread.start()
+
+    def _run(self, requests, loader) -> None:
+        try:
+            for req in requests:
+                with self.timers.time("reader_wait_budget"):
+                    self.budget.acquire(req.nbytes, self._stop.is_set)
+                if self._stop.is_set():
+                    return
+                with self.timers.time("read_io"):
+                    data = loader(req)
+                self._q.put((req, data))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._q.put((None, exc))
+        finally:
+            self._q.put((self._DONE, None))
+
+    def get(self, expected: Read) -> torch.Tensor:
+        """The data of the next request, which must be `expected` (the executor's own order)."""
+        with self.timers.time("wait_read"):
+            req, data = self._q.get()
+        if req is None:
+            raise data
+        if req is self._DONE or req != expected:
+            raise AssertionError(f"read order mismatch: planned {req}, executor wants {expected}")
+        return data
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+class ReadStage:
+    """The read stage: performs the schedule's reads in order and hands each one's data over.
+
+    With `overlap` a :class:`Prefetcher` reads ahead on its own thread, else each read happens
+    when the compute asks for it; either way `budget` counts the bytes read and not yet released.
+    Data for a device other than the CPU is moved there (asynchronously from pinned memory).
+    """
+
+    def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
+                 device: torch.device, overlap: bool = True, timers: Timers | None = None):
+        self.budget = budget
+        self.loader = loader
+        self.device = device
+        self._prefetch = Prefetcher(requests, budget, loader, timers) if overlap else None
+
+    def fetch(self, req: Read) -> torch.Tensor:
+        """The data of the next planned read, `req`."""
+        if self._prefetch is not None:
+            data = self._prefetch.get(req)
+        else:
+            self.budget.acquire(req.nbytes)
+            data = self.loader(req)
+        if not req.raw and self.device.type != "cpu":
+            data = data.to(self.device, non_blocking=True)
+        return data
+
+    def release(self, req: Read) -> None:
+        """`req`'s data is consumed: its bytes no longer count against the budget."""
+        self.budget.release(req.nbytes)
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
+
+
+class AsyncWriter:
+    """Writes ``(name, tensor, byte offset)`` items on a background thread; digests every task.
+
+    ``task_done(i)`` is ordered after the task's writes: when the thread reaches it, every byte of
+    task `i` is in the files and ``on_task_written(i, digest)`` is called (the resume journal;
+    :mod:`~quantize_cli.run.checksum`).
+    """
+
+    def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True,
+                 timers: Timers | None = None):
+        self.timers = timers or Timers()
+        self.writer = writer
+        self.budget = budget
+        self.on_task_written = on_task_written
+        self._hash: dict = {}  # output name -> streaming hasher (bytes arrive in offset order)
+        self._error: BaseException | None = None
+        self._q: queue.Queue | None = queue.Queue() if threaded else None
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="quantize-write")
+            self._thread.start()
+
+    def _do(self, item) -> None:
+        kind = item[0]
+        if kind == "write":
+            _, name, tensor, offset, nbytes, copied = item
+            if copied is not None:  # the device-to-host copy into pinned memory must be complete
+                with self.timers.time("write_wait_d2h"):
+                    copied.synchronize()
+            data = byte_view(tensor) if tensor.numel() else memoryview(b"")
+            with self.timers.time("write_io"):
+                self.writer.write_bytes(name, data, offset)
+            with self.timers.time("write_digest"):
+                h = self._hash.get(name)
+                if h is None:
+                    h = self._hash[name] = checksum.new()
+                h.update(data)
+            self.budget.release(nbytes)
+        elif kind == "task":
+            _, index, names = item
+            parts = {n: (self._hash.pop(n).hexdigest() if n in self._hash else checksum.EMPTY) for n in names}
+            self.on_task_written(index, checksum.task_digest(parts))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()  # type: ignore[union-attr]
+            if item is None:
+                return
+            if self._error is not None:
+                if item[0] == "write":
+                    self.budget.release(item[4])
+                continue
+            try:
+                self._do(item)
+            except BaseException as exc:
+                self._error = exc
+                if item[0] == "write":
+                    self.budget.release(item[4])
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, name: str, tensor: torch.Tensor, offset: int = 0) -> None:
+        """Queue `tensor`'s bytes for output `name` at `offset` bytes into the tensor.
+
+        A CUDA tensor is copied into pinned host memory asynchronously; the writer thread waits
+        for that copy (a CUDA event), so the compute never blocks on device-to-host transfers.
+        """
+        self._raise()
+        t = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        with self.timers.time("wait_write_budget"):  # before the pinned buffer exists: the budget bounds it
+            self.budget.acquire(t.numel())
+        copied = None
+        if t.device.type == "cuda" and t.numel():
+            with self.timers.time("d2h"):
+                host = torch.empty(t.numel(), dtype=torch.uint8, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+            t = host
+        elif t.device.type != "cpu":
+            t = t.cpu()
+        item = ("write", name, t, offset, t.numel(), copied)
+        if self._q is None:
+            self._do(item)
+        else:
+            self._q.put(item)
+
+    def task_done(self, index: int, names: list[str]) -> None:
+        self._raise()
+        item = ("task", index, names)
+        self._do(item) if self._q is None else self._q.put(item)
+
+    def abort(self, timeout: float | None = None) -> bool:
+        """After a failure elsewhere: drop every queued write and join the thread.
+
+        Returns True when the thread has stopped (no write runs after this returns); False when
+        it is still inside one write after `timeout` seconds (then the files must stay open).
+        """
+        if self._q is not None and self._thread is not None:
+            if self._error is None:
+                self._error = RuntimeError("aborted")
+            self._q.put(None)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+            self._q, self._thread = None, None
+        return True
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk (page cache); raise the first write error."""
+        if self._q is not None and self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._q, self._thread = None, None
+        self._raise()
