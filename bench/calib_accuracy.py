@@ -146,7 +146,7 @@ def main() -> None:
     for algo in ("FP8", "NVFP4"):
         for mode in ("constant", "calibrated"):
             dst = os.path.join(a.work, f"{algo}-{mode}")
-            api.convert(a.model, dst, algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None)
+            api.convert(api.ConvertOptions(a.model, dst, algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None))
             lin, seen = quantized_linears(dst, algo), {}
             undo = emulate(model, lin, algo, seen)
             e = embed(model, tok, SENTENCES)

@@ -102,7 +102,7 @@ def main() -> None:
         dst = {}
         for mode in ("constant", "calibrated"):
             dst[mode] = os.path.join(a.work, f"{algo}-{mode}")
-            api.convert(a.model, dst[mode], algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None)
+            api.convert(api.ConvertOptions(a.model, dst[mode], algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None))
         for mode in ("weights only", "constant", "calibrated"):
             lin, seen = quantized_linears(dst["constant" if mode == "weights only" else mode], algo), {}
             undo = emulate(model, lin, "none" if mode == "weights only" else algo, seen)

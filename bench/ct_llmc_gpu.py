@@ -29,12 +29,12 @@ def load(folder):
 def main(src: str, work: str) -> None:
     from llmcompressor import model_free_ptq
 
-    from quantize_cli.api import convert
+    from quantize_cli.api import ConvertOptions, convert
 
     for preset, algo in PRESETS.items():
         theirs_dir, ours_dir = os.path.join(work, f"llmc-{preset}"), os.path.join(work, f"ours-{preset}")
         model_free_ptq(src, theirs_dir, scheme=preset, ignore=["lm_head"], device="cuda:0")
-        convert(src, ours_dir, algo=algo, format="compressed-tensors", device="cuda", quiet=True, overwrite=True)
+        convert(ConvertOptions(src, ours_dir, algo=algo, format="compressed-tensors", device="cuda", quiet=True, overwrite=True))
         theirs, ours = load(theirs_dir), load(ours_dir)
         diff = total = 0
         for name, t in theirs.items():

@@ -46,7 +46,7 @@ def make() -> None:
 
     from safetensors.torch import save_file
 
-    from quantize_cli.api import convert
+    from quantize_cli.api import ConvertOptions, convert
     from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
 
     shutil.rmtree(OUT, ignore_errors=True)
@@ -55,7 +55,7 @@ def make() -> None:
     save_file(qwen3_moe_tensors(cfg, seed=3), f"{MOE}/model.safetensors")
     json.dump(cfg, open(f"{MOE}/config.json", "w"))
     for case, (src, algo, rules) in CASES.items():
-        convert(src, f"{OUT}/{case}", algo=algo, algo_for=rules, format="compressed-tensors", device="cpu", quiet=True)
+        convert(ConvertOptions(src, f"{OUT}/{case}", algo=algo, algo_for=rules, format="compressed-tensors", device="cpu", quiet=True))
 
 
 def prefixes(folder: str) -> list[str]:

@@ -49,8 +49,8 @@ t0 = time.perf_counter()
 kind, src, dst, algo, device, workers = sys.argv[1:7]
 import torch
 if kind == "quantize":
-    from quantize_cli.api import convert
-    res = convert(src, dst, algo=algo, device=device, quiet=True, overwrite=True, memory_budget=sys.argv[7])
+    from quantize_cli.api import ConvertOptions, convert
+    res = convert(ConvertOptions(src, dst, algo=algo, device=device, quiet=True, overwrite=True, memory_budget=sys.argv[7]))
     stages = res.report["timings_s"]
 else:
     stages = {}

@@ -26,8 +26,8 @@ def peak_rss_gb():
             return int(line.split()[1]) * 1024 / 1e9
 
 t = time.perf_counter()
-from quantize_cli.api import convert
-convert(sys.argv[1], sys.argv[2], algo=sys.argv[3], memory_budget=sys.argv[4], device=sys.argv[5], quiet=True)
+from quantize_cli.api import ConvertOptions, convert
+convert(ConvertOptions(sys.argv[1], sys.argv[2], algo=sys.argv[3], memory_budget=sys.argv[4], device=sys.argv[5], quiet=True))
 print("RESULT " + json.dumps({"s": time.perf_counter() - t, "rss_GB": peak_rss_gb()}))
 """
 

@@ -50,7 +50,7 @@ def bench_kernels(reps: int) -> list[dict]:
 
     from quantize_cli import kernels
     from quantize_cli.schemes import SCHEMES
-    from quantize_cli.schemes.search import with_scale_search
+    from quantize_cli.schemes.searched import with_scale_search
 
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)

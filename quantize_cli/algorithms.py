@@ -17,22 +17,88 @@ Several algorithms in one checkpoint (``--algo-for``) are written as ``MIXED_PRE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+# --- Format constants -------------------------------------------------------------------------
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+E2M1_MAX = 6.0  # largest E2M1 magnitude (NVFP4 values)
+INT8_MAX = 127.0  # symmetric int8: scale = amax / 127, codes clamped to [-128, 127]
+FP8_BLOCK = 128  # FP8_PB_WO: one scale per 128 x 128 block
+NVFP4_GROUP = 16  # NVFP4: elements along K sharing one e4m3 scale
+NVFP4_SCALE_MIN = 2.0**-9  # NVFP4 block scales are clamped up to this (ModelOpt >= 0.45): no zero scales
+MX_BLOCK = 32  # MXFP8: elements along K sharing one e8m0 scale
+
+
 # --- Algorithms -------------------------------------------------------------------------------
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Every format-independent fact about one ``--algo`` (the one home of the algorithm list).
+
+    Attributes:
+        name: the CLI name (``FP8_PB_WO``).
+        quant_algo: the name ModelOpt writes in ``hf_quant_config.json`` (``fp8_pb_wo``); the
+            schemes carry it because ModelOpt's tensor layout is the reference layout.
+        activations: ``static`` (a calibrated or constant per-tensor input scale is written),
+            ``dynamic`` (the engine scales activations at serve time) or ``none`` (16-bit activations).
+        activation_bound: for static activations, the input amax that maps to the format's largest
+            code: FP8 448, NVFP4 6 x 448 (the e4m3 group scale times the E2M1 maximum).
+        shares_global_amax: fused members (q/k/v, gate/up) must share one per-tensor scale, because
+            vLLM keeps one such scale per fused layer.
+        group_size: the quantization group written in the configs, else None.
+        tag: the model-card tag; describe: one line for people (the card, ``--help``).
+    """
+
+    name: str
+    quant_algo: str
+    activations: str
+    describe: str
+    tag: str
+    activation_bound: float | None = None
+    shares_global_amax: bool = False
+    group_size: int | None = None
+
+    @property
+    def static(self) -> bool:
+        """True when the output carries a static activation scale (calibration sets it)."""
+        return self.activations == "static"
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("FP8", "FP8", "static", "FP8 e4m3 weights with one fp32 scale per tensor; static per-tensor FP8 activations",
+              "fp8", activation_bound=E4M3_MAX, shares_global_amax=True),
+    Algorithm("FP8_PER_CHANNEL_PER_TOKEN", "FP8_PER_CHANNEL_PER_TOKEN", "dynamic",
+              "FP8 e4m3 weights with one scale per output channel; dynamic per-token FP8 activations", "fp8"),
+    Algorithm("FP8_PB_WO", "fp8_pb_wo", "dynamic",
+              "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations", "fp8"),
+    Algorithm("NVFP4", "NVFP4", "static", "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); "
+              "static global + dynamic group FP4 activations", "nvfp4", activation_bound=E4M3_MAX * E2M1_MAX,
+              shares_global_amax=True, group_size=NVFP4_GROUP),
+    Algorithm("W4A16_NVFP4", "W4A16_NVFP4", "none", "NVFP4 weights (E2M1, 16-element groups); 16-bit activations", "nvfp4",
+              shares_global_amax=True, group_size=NVFP4_GROUP),
+    Algorithm("INT8", "W8A16", "none", "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations "
+              "(compressed-tensors W8A8: dynamic per-token int8)", "int8"),
+    Algorithm("MXFP8", "MXFP8", "dynamic", "MXFP8 e4m3 weights with one power-of-two (e8m0) scale per 32 along K; "
+              "dynamic MX activations", "mxfp8", group_size=MX_BLOCK),
+)}
+ALGOS = tuple(ALGORITHMS)
 ALIASES = {"W8A16": "INT8"}  # ModelOpt's name for what this tool calls INT8
 MIXED_PRECISION = "MIXED_PRECISION"  # the quant_algo of a checkpoint holding several algorithms
+QUANT_ALGO = {a.name: a.quant_algo for a in ALGORITHMS.values()}  # a view of the table, for lookups
 
-# The ``quant_algo`` each algorithm writes in hf_quant_config.json / config.json.
-QUANT_ALGO = {
-    "FP8": "FP8",
-    "FP8_PER_CHANNEL_PER_TOKEN": "FP8_PER_CHANNEL_PER_TOKEN",
-    "FP8_PB_WO": "fp8_pb_wo",
-    "NVFP4": "NVFP4",
-    "W4A16_NVFP4": "W4A16_NVFP4",
-    "INT8": "W8A16",
-    "MXFP8": "MXFP8",
-}
+# Without calibration, ModelOpt's convention takes the activation amax as 448 (design section 4.5):
+# FP8 input_scale = 448 / 448 = 1.0, NVFP4 input_scale = 448 / (6 * 448) = 1/6.
+UNCALIBRATED_AMAX = 448.0
+
+
+def static_input_scale(algo: str, amax: float = UNCALIBRATED_AMAX) -> float:
+    """ModelOpt's ``input_scale`` for activation `amax` under a static algorithm: ``amax / bound``."""
+    bound = ALGORITHMS[algo].activation_bound
+    if bound is None:
+        raise ValueError(f"{algo} has no static activation scale")
+    return amax / bound
 
 
 def canonical_algo(name: str) -> str | None:
@@ -48,16 +114,6 @@ def algo_of_quant_algo(quant_algo: str) -> str | None:
     wanted = str(quant_algo).upper()
     return next((a for a, q in QUANT_ALGO.items() if q.upper() == wanted), None)
 
-
-# --- Format constants -------------------------------------------------------------------------
-
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
-E2M1_MAX = 6.0  # largest E2M1 magnitude (NVFP4 values)
-INT8_MAX = 127.0  # symmetric int8: scale = amax / 127, codes clamped to [-128, 127]
-FP8_BLOCK = 128  # FP8_PB_WO: one scale per 128 x 128 block
-NVFP4_GROUP = 16  # NVFP4: elements along K sharing one e4m3 scale
-NVFP4_SCALE_MIN = 2.0**-9  # NVFP4 block scales are clamped up to this (ModelOpt >= 0.45): no zero scales
-MX_BLOCK = 32  # MXFP8: elements along K sharing one e8m0 scale
 
 # --- Module names -----------------------------------------------------------------------------
 

@@ -105,6 +105,7 @@ def main():
 @click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
 @click.option("--revision-out", metavar="BRANCH", help="With --push-to-hub: commit to this branch (created if missing).")
+@click.option("--base-model", metavar="REPO_ID", help="The Hub repo the source was downloaded from, for the model card (a Hub SRC names itself).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="ray: output shards written by Ray tasks across processes, GPUs and machines (docs/scale-out.md).")
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance).")
@@ -127,7 +128,7 @@ def convert(src, dst, quiet, debug, **options):
             # The disk reads ahead while torch imports (prefetch.py); api stops it. Not on --resume
             # (the first bytes are likely done) nor for Ray (its workers read, maybe elsewhere).
             prefetch.start(src)
-        from .api import run
+        from .api import convert as run
         from .plan.options import ConvertOptions
 
         return run(ConvertOptions(src=src, dst=dst, quiet=quiet, **options))
@@ -247,7 +248,7 @@ def recipes(ctx):
 @recipes.command("list")
 def recipes_list():
     """One line per shipped recipe: name, model types, description."""
-    from .plan.recipe import builtin_names, load_recipe
+    from .modules.recipe import builtin_names, load_recipe
 
     for name in builtin_names():
         r = load_recipe(name)
@@ -261,7 +262,7 @@ def recipes_show(name, quiet, debug):
     """Print recipe NAME resolved (after extends) as YAML."""
 
     def go():
-        from .plan.recipe import describe
+        from .modules.recipe import describe
 
         click.echo(describe(name))
 

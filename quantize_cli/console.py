@@ -18,3 +18,12 @@ class Console:
 
     def warn(self, msg: str) -> None:
         print(f"warning: {msg}", file=self.stream, flush=True)
+
+
+def human_bytes(n: int | float) -> str:
+    """``1234567`` -> ``"1.23 MB"`` (decimal units, as disks and the Hub count)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"

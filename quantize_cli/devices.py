@@ -36,6 +36,19 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def check_device_name(device: str | None) -> str:
+    """`device` normalised, or the usage error ``resolve_device`` would give, without importing torch:
+    ``auto``, ``cpu``, ``cuda``, ``cuda:N``. Whether the GPU exists is ``resolve_device``'s question."""
+    import re
+
+    name = (device or "auto").lower()
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        return name
+    if re.fullmatch(r"[a-z_]+(:\d+)?", name):
+        raise UsageError(f"--device {device!r}: only cpu and cuda devices are supported")
+    raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N")
+
+
 def without_torch(device: str | None, auto_is_read: bool) -> str | None:
     """`device` as a dry run may keep it without torch, or None where it must be resolved.
 
@@ -48,25 +61,3 @@ def without_torch(device: str | None, auto_is_read: bool) -> str | None:
     if name == "cpu" or (name == "auto" and not auto_is_read):
         return name
     return None
-
-
-def warm_device(dev) -> None:
-    """Create the CUDA context and import the Triton kernels on a daemon thread, so that they
-    overlap with planning and the first reads instead of delaying the first quantized tensor.
-    (torch's lazy CUDA initialisation is locked, so the executor simply waits if it is early.)
-    Nothing for the CPU, nor for a device left unresolved (a dry run)."""
-    if getattr(dev, "type", None) != "cuda":
-        return
-
-    def warm():
-        try:
-            import torch
-
-            torch.empty(1, device=dev)
-            from . import kernels  # noqa: F401  (imports Triton)
-        except Exception:  # noqa: BLE001 - the executor reports real device errors itself
-            pass
-
-    import threading
-
-    threading.Thread(target=warm, daemon=True, name="quantize-cuda-init").start()

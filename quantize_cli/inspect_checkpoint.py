@@ -13,7 +13,7 @@ from .checkpoint.safetensors_header import read_header
 from .checkpoint.source import regular_file_inside
 from .errors import SourceError
 from .jsonfile import read_json_or_none
-from .output.report import human_bytes
+from .console import human_bytes
 
 
 def inspect_checkpoint(path: str, revision: str | None = None) -> str:
@@ -63,7 +63,9 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
                      f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
     lines += [f"  {dtype:<8} {count:>6} tensors  {human_bytes(size)}" for dtype, (count, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
-    if (quant or {}).get("quant_method") == "compressed-tensors":
+    from .formats import COMPRESSED_TENSORS, format_of_config
+
+    if format_of_config(config) is COMPRESSED_TENSORS:
         lines.append(ct_summary(quant))  # type: ignore[arg-type]
     elif quant or nested:
         q = (nested or {}).get("quantization") or quant or {}

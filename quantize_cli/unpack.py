@@ -17,24 +17,24 @@ from .output.destination import Destination
 from .checkpoint.durable import copy_durable
 from .formats.modelopt_documents import write_config_files
 from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_dtype
-from .checkpoint.writer import ShardWriter
+from .checkpoint.writer import ShardWriter, write_index
 from .errors import SourceError
-from .plan.experts import expert_names
+from .modules.experts import expert_names
 from .jsonfile import JsonFileError, load_json, read_json_or_none
 from .layouts.packing import ACT_DTYPES, unstack
 from .plan.build import OutTensor, _assign_shards, parse_size
-from .plan.recipe import recipe_of_output
+from .modules.recipe import recipe_of_output
 from .schemes import scheme_for_quant_algo
 
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
 
 def _layout_record(folder: str) -> tuple[dict, dict, dict]:
-    from .formats import COMPRESSED_TENSORS, detect_format
+    from .formats import MODELOPT, format_of_config
 
-    config = _read_config(folder)
-    if config is not None and detect_format(config) == COMPRESSED_TENSORS:
-        raise SourceError(f"{folder}: a compressed-tensors checkpoint has no packed layout (the format is always plain); "
+    fmt = format_of_config(_read_config(folder))
+    if fmt is not None and fmt is not MODELOPT:  # packed layouts are written in the ModelOpt format only
+        raise SourceError(f"{folder}: a {fmt.name} checkpoint has no packed layout (the format is always plain); "
                           "nothing to unpack: load or verify it as it is")
     try:
         nested = load_json(os.path.join(folder, "hf_quant_config.json"), "hf_quant_config.json", fix="is it a quantize output?",
@@ -105,6 +105,8 @@ def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
         for name, t in produce():
             writer.write(name, t)
         writer.close()
+        if len(shard_names) > 1:
+            write_index(dest.partial, outs, shard_names)
         _write_configs(dest.partial, nested, config, src)
         dest.commit()
     except BaseException:
@@ -127,4 +129,4 @@ def _write_configs(folder: str, nested: dict, config: dict, src: str) -> None:
         copy_durable(path, os.path.join(folder, name))
     from .output.card import mark_unpacked
 
-    mark_unpacked(folder, nested, os.path.basename(src.rstrip("/")))  # the copied card: plain layout, serve lines
+    mark_unpacked(folder, os.path.basename(src.rstrip("/")))  # the copied card: plain layout, serve lines

@@ -13,6 +13,14 @@ from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors,
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
 
+def convert(src, dst=None, console=None, **options):
+    """``api.convert`` called with keywords: the library takes one ConvertOptions; tests build it here."""
+    from quantize_cli.api import convert as run
+    from quantize_cli.plan.options import ConvertOptions
+
+    return run(ConvertOptions(src=src, dst=dst, **options), console)
+
+
 def golden_case(name: str) -> dict[str, torch.Tensor]:
     """Tensors of golden case `name` (``input.*`` and ``expected.*``)."""
     return load_file(os.path.join(GOLDEN, "tensors", f"{name}.safetensors"))

@@ -7,8 +7,9 @@ import pytest
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
 
-from quantize_cli.api import check, convert, unpack, verify
-from quantize_cli.output.card import command_line, render_card, serve_lines, sqnr_by_algo
+from quantize_cli.api import check, unpack, verify
+from tests.conftest import convert
+from quantize_cli.output.card import render_card, serve_lines, sqnr_by_algo
 from quantize_cli.cli import main
 
 SOURCE_CARD = """---
@@ -27,7 +28,8 @@ def facts(**over):
     """A complete facts dict, as card_facts or another producer (calibration, formats) hands it over."""
     base = {
         "tool": {"name": "quantize", "version": "0.1.0"}, "command": "quantize convert a/b -o out --algo NVFP4",
-        "source": "a/b", "base_model": "a/b", "format": "modelopt", "layout": "plain", "algos": {"NVFP4": 14},
+        "source": "a/b", "base_model": "a/b", "format": "modelopt", "engines": ["vLLM", "TensorRT-LLM", "SGLang"],
+        "transformers_loads": False, "layout": "plain", "algos": {"NVFP4": 14},
         "quant_algo": "NVFP4", "kv_cache_dtype": None, "excluded": [{"module": "lm_head", "reason": "kept: output head"}],
         "exclude_modules": ["lm_head"], "calibration": None, "verify": None, "sizes": {"in": 4_000_000, "out": 1_000_000},
     }
@@ -38,9 +40,9 @@ def facts(**over):
 def test_front_matter_follows_the_hub_conventions_and_keeps_the_source_license():
     text = render_card(facts(), SOURCE_CARD, "me/b-NVFP4")
     card = ModelCard(text)
-    assert card.data.to_dict() == {
+    assert card.data.to_dict() == {  # no library_name: transformers would load a ModelOpt output as garbage
         "base_model": "a/b", "base_model_relation": "quantized", "license": "llama3.1", "pipeline_tag": "text-generation",
-        "library_name": "transformers", "tags": ["quantized", "modelopt", "nvfp4", "nvidia-modelopt"]}
+        "tags": ["quantized", "modelopt", "nvfp4", "nvidia-modelopt", "vllm", "tensorrt-llm", "sglang"]}
     body = card.text
     assert body.index("## How it was made") < body.index("## Original model card") < body.index("The original model card text.")
     assert "quantize convert a/b -o out --algo NVFP4" in body and "written by quantize 0.1.0" in body
@@ -48,6 +50,13 @@ def test_front_matter_follows_the_hub_conventions_and_keeps_the_source_license()
     assert "| `lm_head` | kept: output head |" in body
     assert "vllm serve me/b-NVFP4" in body and "trtllm-serve me/b-NVFP4" in body
     assert "Not verified at conversion time" in body
+    assert "transformers does not load this format" in body and "--format compressed-tensors" in body
+
+
+def test_a_compressed_tensors_card_names_transformers():
+    card = ModelCard(render_card(facts(format="compressed-tensors", transformers_loads=True, engines=["vLLM", "transformers"])))
+    assert card.data.library_name == "transformers" and "transformers does not load" not in card.text
+    assert "It is served by vLLM, transformers." in card.text
 
 
 def test_a_card_rendered_over_our_own_card_does_not_nest():
@@ -68,9 +77,11 @@ def test_calibration_verify_and_several_algorithms_are_reported():
                                    lambda m: "NVFP4" if m == "c" else "FP8")}
     assert ver["sqnr_db"] == {"FP8": {"tensors": 2, "median": 25.0, "min": 20.0, "worst": "b.weight"},
                               "NVFP4": {"tensors": 1, "median": 12.5, "min": 12.5, "worst": "c.weight"}}
-    cal = {"calibrated": True, "dataset": "cnn_dailymail", "samples": 512, "seq_len": 2048}
+    cal = {"calibrated": True, "dataset": "cnn_dailymail", "samples": 512, "seq_len": 2048, "tokens": 1048576, "modules": 14,
+           "kv_scales": 0}
     body = render_card(facts(algos={"FP8": 10, "NVFP4": 4}, verify=ver, calibration=cal, format="compressed-tensors"))
-    assert "Calibrated on `cnn_dailymail`: 512 sample(s) of 2048 token(s)." in body
+    assert ("Calibrated (14 input scale(s)) on `cnn_dailymail`: 512 sample(s) of at most 2048 token(s) (1048576 tokens)."
+            in body)
     assert "| `FP8` | 2 | 25.0 dB | 20.0 dB | `b.weight` |" in body and "| `NVFP4` | 1 | 12.5 dB | 12.5 dB | `c.weight` |" in body
     assert "- compressed-tensors" in body and "nvidia-modelopt" not in body
     assert "trtllm-serve" not in body  # no loader line claims a mix it was not checked for
@@ -80,20 +91,13 @@ def test_calibration_verify_and_several_algorithms_are_reported():
                                            ("NVFP4", {"vllm", "trtllm-serve", "python"}), ("W4A16_NVFP4", {"vllm"}),
                                            ("INT8", {"trtllm-serve"})])
 def test_serve_lines_fit_the_algorithm(algo, loaders):
+    """From the ModelOpt format's one table of what serves what (formats/modelopt.py SERVED)."""
     assert {line.split()[0] for line in serve_lines(facts(algos={algo: 1}), "r/m")} == loaders
 
 
 def test_packed_layouts_and_fp8_kv_cache_say_how_to_serve():
     assert serve_lines(facts(layout="marlin"), "r/m")[-1] == "quantize unpack r/m -o plain-checkpoint"
     assert serve_lines(facts(kv_cache_dtype="fp8"), "r/m")[0].startswith("vllm serve r/m --kv-cache-dtype fp8")
-
-
-def test_command_line_is_the_equivalent_cli_call():
-    cmd = command_line("a/b", "out dir", algo="NVFP4", exclude=["model.layers.0.*"], recipe=None, layout="plain", device="auto",
-                       kv_cache_dtype="fp8", max_shard_size="5GB", memory_budget="4GB", revision="main", verify=True,
-                       low_disk=False, push_to_hub="me/x", private=True, revision_out=None)
-    assert cmd == ("quantize convert a/b -o 'out dir' --algo NVFP4 --exclude 'model.layers.0.*' --kv-cache-dtype fp8 "
-                   "--revision main --push-to-hub me/x --verify --private")
 
 
 def test_convert_writes_the_card_and_keeps_the_source_card_below(tiny_llama, tmp_path):
@@ -103,8 +107,11 @@ def test_convert_writes_the_card_and_keeps_the_source_card_below(tiny_llama, tmp
     convert(tiny_llama, dst, algo="NVFP4", exclude=["model.layers.0.mlp.*"], quiet=True)
     card = ModelCard.load(os.path.join(dst, "README.md"))
     assert card.data.license == "llama3.1" and "base_model" not in card.data.to_dict()  # a local folder has no Hub id
-    text = card.text
-    assert f"quantize convert {tiny_llama} -o {dst} --algo NVFP4 --exclude 'model.layers.0.mlp.*'" in text
+    text = open(os.path.join(dst, "README.md")).read()
+    name = os.path.basename(tiny_llama)
+    assert f"quantize convert ./{name} -o out --algo NVFP4 --exclude 'model.layers.0.mlp.*'" in text
+    assert str(tmp_path) not in text and os.path.dirname(tiny_llama) not in text  # never a local path: the card is for publishing
+    assert f"# {name} NVFP4" in text and "vllm serve ./out" in text
     assert "| `model.layers.0.mlp.down_proj` | kept: --exclude 'model.layers.0.mlp.*' |" in text
     assert "Not calibrated: every `input_scale` is 0.166667, the calibration-free constant" in text  # NVFP4: static global scale
     assert text.rstrip().endswith("The original model card text.")
@@ -117,7 +124,7 @@ def test_unpack_keeps_the_card_and_says_plain(tiny_llama, tmp_path):
     unpack(packed, plain, quiet=True)
     text = open(os.path.join(plain, "README.md")).read()
     assert "| layout | plain (unpacked from `packed` with `quantize unpack`) |" in text
-    assert "vllm serve path/to/this/checkpoint" in text and "quantize unpack path" not in text
+    assert "vllm serve path/to/this/checkpoint" in text and "quantize unpack" not in text.split("## Serve it")[1]
 
 
 def test_every_json_has_a_schema_version(tiny_llama, tmp_path):
@@ -145,6 +152,6 @@ def test_card_of_a_mixed_compressed_tensors_output_says_its_format_algorithms_an
     convert(tiny_llama, dst, algo="NVFP4", algo_for=["*self_attn*=FP8_PB_WO"], format="compressed-tensors", quiet=True)
     text = ModelCard.load(os.path.join(dst, "README.md")).text
     assert "in the compressed-tensors format" in text and "NVIDIA ModelOpt" not in text
-    assert f"quantize convert {tiny_llama} -o {dst} --algo NVFP4 --format compressed-tensors --algo-for '*self_attn*=FP8_PB_WO'" in text
+    assert "quantize convert ./src -o out --algo NVFP4 --algo-for '*self_attn*=FP8_PB_WO' --format compressed-tensors" in text
     assert "| algorithm | `NVFP4` on" in text and "| algorithm | `FP8_PB_WO` on" in text
     assert "| format | compressed-tensors (`quantization_config` in config.json) |" in text

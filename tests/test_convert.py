@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from quantize_cli.algorithms import ALGOS as ALL_ALGOS
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.checkpoint.safetensors_io import st_dtype
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
 from quantize_cli.schemes import SCHEMES

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from tests.conftest import convert
 from quantize_cli import api
 from quantize_cli.formats.ct_schemes import ct_scale
 from quantize_cli.schemes.numerics import E4M3_MAX
@@ -38,7 +39,7 @@ def _group_amax(amax: dict, module: str) -> float:
 def test_compressed_tensors_takes_the_calibrated_scales(tmp_path, scales, algo):
     path, amax = scales
     dst = str(tmp_path / "out")
-    api.convert(golden_checkpoint("tiny-llama"), dst, algo=algo, device="cpu", quiet=True, act_scales=path,
+    convert(golden_checkpoint("tiny-llama"), dst, algo=algo, device="cpu", quiet=True, act_scales=path,
                 format="compressed-tensors")
     out = load_all(dst)
     suffix = "input_scale" if algo == "FP8" else "input_global_scale"
@@ -63,9 +64,9 @@ def test_a_compressed_tensors_output_resumed_as_modelopt_is_refused(tmp_path):
     from quantize_cli.errors import QuantizeError
 
     dst = str(tmp_path / "o")
-    api.convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", format="compressed-tensors", quiet=True)
+    convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", format="compressed-tensors", quiet=True)
     before = load_all(dst)
     with pytest.raises(QuantizeError):
-        api.convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", quiet=True, resume=True)
+        convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", quiet=True, resume=True)
     after = load_all(dst)
     assert before.keys() == after.keys() and all(torch.equal(before[k].view(-1).view(torch.uint8), after[k].view(-1).view(torch.uint8)) for k in before)

@@ -10,7 +10,8 @@ import torch
 from click.testing import CliRunner
 
 import quantize_cli.run.pipeline as pipeline
-from quantize_cli.api import check, convert, verify
+from quantize_cli.api import check, verify
+from tests.conftest import convert
 from quantize_cli.cli import main
 from quantize_cli.errors import CheckFailed
 from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from quantize_cli.api import convert
+from tests.conftest import convert
 from tests.conftest import GOLDEN, assert_same_bytes, load_all
 
 CT = os.path.join(GOLDEN, "compressed_tensors")

@@ -15,7 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from quantize_cli.api import check, convert
+from quantize_cli.api import check
+from tests.conftest import convert
 from quantize_cli.cli import main
 from quantize_cli.errors import CheckFailed, PlanError, UsageError
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, qwen3_moe_config, qwen3_moe_tensors
@@ -23,7 +24,6 @@ from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.formats.ct_mixed import group_of
 from quantize_cli.formats.vllm_ct import VLLM_CT
 from quantize_cli.inspect_checkpoint import ct_summary
-from quantize_cli.plan.mixed import served
 from quantize_cli.verify import verify_checkpoint
 from tests.conftest import GOLDEN, assert_same_bytes, load_all
 
@@ -159,7 +159,10 @@ def test_check_predicts_what_vllm_decided_per_layer(moe_src, tmp_path):
 
 def test_every_compressed_tensors_algorithm_is_served_per_layer():
     assert set(CT_SCHEMES) == set(VLLM_CT)
-    linear, moe, where = served({"m": CT_SCHEMES["INT8"]})
+    from quantize_cli.formats import COMPRESSED_TENSORS
+
+    linear, moe = COMPRESSED_TENSORS.mixed_served()
+    where = COMPRESSED_TENSORS.mixed_where()
     assert set(linear) == set(moe) == set(VLLM_CT) and "config_groups" in where
 
 

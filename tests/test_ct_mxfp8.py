@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.formats.ct_mxfp8 import ct_mx_scales
 from quantize_cli.schemes import get_scheme

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantize_cli.run.finite import all_finite
+from quantize_cli.schemes.numerics import all_finite
 from quantize_cli.schemes.numerics import abs_max
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64]

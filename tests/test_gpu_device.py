@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import output_files
 import torch
 
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.schemes import SCHEMES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -53,7 +53,7 @@ def test_the_executor_keeps_budget_minus_baseline_in_flight(tiny_llama, tmp_path
 
 
 def test_the_report_records_the_baseline(tiny_llama, tmp_path):
-    from quantize_cli.api import convert
+    from tests.conftest import convert
 
     convert(tiny_llama, str(tmp_path / "o"), algo="FP8", device="cpu", quiet=True, report=str(tmp_path / "r.json"))
     assert json.load(open(tmp_path / "r.json"))["bytes"]["baseline_rss"] > 50 << 20

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.errors import UsageError
 from quantize_cli.run.kernel_choice import check_kernels
 from tests.conftest import output_files

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from quantize_cli import layouts
-from quantize_cli.api import convert, unpack
+from quantize_cli.api import unpack
+from tests.conftest import convert
 from quantize_cli.errors import PlanError
 from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.schemes import SCHEMES

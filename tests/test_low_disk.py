@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import huggingface_hub
 import pytest
 
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.checkpoint.safetensors_io import read_header
 from quantize_cli.errors import UsageError
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors

@@ -2,7 +2,7 @@
 
 import pytest
 
-from quantize_cli.plan.matching import MixedFusedShards, vllm_is_excluded, vllm_rewrite
+from quantize_cli.modules.matching import MixedFusedShards, vllm_is_excluded, vllm_rewrite
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

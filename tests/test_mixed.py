@@ -9,11 +9,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from quantize_cli.api import check, convert
+from quantize_cli.api import check
+from tests.conftest import convert
 from quantize_cli.cli import main
 from quantize_cli.errors import PlanError, UsageError
 from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
-from quantize_cli.plan.mixed import definition_order
+from quantize_cli.modules.classify import definition_order
 from quantize_cli.verify import verify_checkpoint
 from tests.conftest import assert_same_bytes, golden_checkpoint, load_all
 

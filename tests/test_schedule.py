@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from quantize_cli.api import executor_sizes, prepare
+from quantize_cli.api import prepare
+from quantize_cli.run.context import executor_sizes
 from quantize_cli.checkpoint.writer import ShardWriter
 from quantize_cli.run.execute import Executor
 from quantize_cli.run.schedule import Amax, Hold, PackExperts, PackGroup, Quantize, Schedule, Share, reads

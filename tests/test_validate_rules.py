@@ -5,7 +5,8 @@ import pytest
 from quantize_cli import layouts
 from quantize_cli.algorithms import ALGOS
 from quantize_cli.problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
-from quantize_cli.plan.validate import ERROR, Finding, layout_request
+from quantize_cli.plan.validate import layout_request
+from quantize_cli.problems import ERROR, Finding
 
 
 @pytest.mark.parametrize("layout", ["marlin", "cutlass", "flashinfer"])
@@ -36,8 +37,8 @@ def test_finding_of_a_problem_keeps_rule_subject_and_message():
 
 def test_expert_split_problems_name_the_tensor(tmp_path):
     from quantize_cli.checkpoint.safetensors_io import TensorInfo
-    from quantize_cli.plan.experts import expand
-    from quantize_cli.plan.recipe import load_recipe
+    from quantize_cli.modules.experts import expand
+    from quantize_cli.modules.recipe import load_recipe
 
     t = TensorInfo("model.layers.0.mlp.experts.gate_up_proj", "BF16", (4, 6, 8), "x", 0, 4 * 6 * 8 * 2)
     _, problems = expand({t.name: t}, load_recipe("llama", "llama"), lambda m: False)
@@ -57,18 +58,18 @@ def test_report_does_not_import_plan():
 def test_compressed_tensors_block_rows_per_rank_are_a_shape_error(make_checkpoint):
     """formats/block_shapes.py computes the fact (a Problem); validate.py makes it an error finding."""
     from quantize_cli.checkpoint.source import open_source
-    from quantize_cli.formats import scheme_for
+    from quantize_cli.formats import COMPRESSED_TENSORS
     from quantize_cli.plan.build import build_plan
-    from quantize_cli.plan.recipe import load_recipe
+    from quantize_cli.modules.recipe import load_recipe
     from quantize_cli.schemes import get_scheme
     from tests.families import build, dense
 
     cfg, shapes = dense("llama")
     src = open_source(make_checkpoint(build(shapes), cfg))
-    scheme = scheme_for("compressed-tensors", get_scheme("FP8_PB_WO"))
-    ok = build_plan(src, scheme, load_recipe(None, "llama"), tp=2)
+    scheme = COMPRESSED_TENSORS.scheme(get_scheme("FP8_PB_WO").algo)
+    ok = build_plan(src, scheme, load_recipe(None, "llama"), tp=2, fmt=COMPRESSED_TENSORS)
     assert not [f for f in ok.findings if f.level == ERROR]
-    bad = build_plan(src, scheme, load_recipe(None, "llama"), tp=4)  # q_proj 256 rows -> 64 per rank
+    bad = build_plan(src, scheme, load_recipe(None, "llama"), tp=4, fmt=COMPRESSED_TENSORS)  # q_proj 256 rows -> 64 per rank
     rows = [f for f in bad.findings if f.level == ERROR and "FP8_BLOCK needs out-features" in f.message]
     assert {f.subject for f in rows} == {f"model.layers.{n}.self_attn.q_proj" for n in range(2)}
     assert all(f.code == "shape" and "multiples of 128 for --tp 4 column-parallel part" in f.message for f in rows)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from quantize_cli.algorithms import ALGOS
-from quantize_cli.api import convert
+from tests.conftest import convert
 from quantize_cli.cli import main
 from quantize_cli.verify import verify_checkpoint
 from tests.conftest import golden_checkpoint

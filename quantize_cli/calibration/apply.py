@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..algorithms import E4M3_MAX
-from ..plan.classify import expert_container
+from ..modules.classify import expert_container
 from .document import ScalesDoc
 
 if TYPE_CHECKING:
@@ -42,11 +42,17 @@ class ActScales:
     problems: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
 
-    def input_scale(self, module: str, algo: str) -> torch.Tensor:
-        """0-d fp32 ModelOpt ``input_scale`` of `module`: ``amax / 448`` (FP8) or ``amax / 2688`` (NVFP4)."""
-        from ..schemes import get_scheme
+    def input_scale(self, module: str, algo: str) -> float:
+        """ModelOpt's ``input_scale`` of `module` under `algo`: ``amax / 448`` (FP8) or ``amax / 2688`` (NVFP4),
+        the fp32 quotient the written tensor holds (``Scheme.calibrated_inputs``)."""
+        import struct
 
-        return get_scheme(algo).calibrated_inputs(self.input_amax[module], {})["input_scale"]
+        from ..algorithms import ALGORITHMS
+
+        def f32(x: float) -> float:  # the quotient of two fp32 values, correctly rounded to fp32 (as torch divides)
+            return struct.unpack("f", struct.pack("f", x))[0]
+
+        return f32(f32(self.input_amax[module]) / f32(ALGORITHMS[algo].activation_bound))
 
     def digest(self) -> str:
         """sha256 of every resolved amax: what the written scales depend on (resume fingerprint)."""
@@ -113,23 +119,29 @@ def _where(doc: ScalesDoc) -> str:
     return f"the scales file {doc.path}" if doc.path else "the calibration run"
 
 
-def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme, kv_cache_dtype: str | None, findings: list) -> ActScales | None:
+def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cache_dtype: str | None, findings: list) -> ActScales | None:
     """Resolve `doc` for a plan being built; problems and notices become findings (`findings` is
-    extended in place, and its "uncalibrated" warning dropped when the scales are calibrated)."""
-    from ..plan.validate import ERROR, WARNING, Finding
+    extended in place, and its "uncalibrated" warning dropped when the scales are calibrated).
+
+    `scheme_of(module)`: each quantized module's own scheme (mixed precision: not always --algo's):
+    the modules whose scheme has a static input scale take calibrated ones, and the KV cache
+    (``--kv-cache-dtype fp8``) its calibrated K/V scales whatever the algorithms."""
+    from ..problems import ERROR, WARNING, Finding
 
     if doc is None:
         return None
     if getattr(doc, "planned", False):  # a dry run with --calib-data: checked, not measured (entry.PlannedCalibration)
         findings[:] = [f for f in findings if f.code != "uncalibrated"]
         return None
-    if scheme.static_input_scale is None:
-        findings.append(Finding(WARNING, "calib-ignored", scheme.algo, f"{scheme.algo} quantizes activations dynamically "
-                                "(or not at all): the calibration data / --act-scales is ignored"))
+    static = [m.name for m in mods.values() if m.quantize and scheme_of(m.name).static_input_scale is not None]
+    kv = kv_cache_dtype == "fp8"
+    if not static and not kv:
+        algos = sorted({scheme_of(m.name).algo for m in mods.values() if m.quantize}) or ["--algo"]
+        findings.append(Finding(WARNING, "calib-ignored", algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
+                                "(or not at all) and the KV cache is not FP8: the calibration data / --act-scales is ignored"))
         return None
-    quantized = [m.name for m in mods.values() if m.quantize]
-    shared = {k: [m.name for m in v] for k, v in groups.items() if all(m.quantize for m in v)}
-    res = resolve(doc, quantized, shared, kv=kv_cache_dtype == "fp8")
+    shared = {k: [m.name for m in v] for k, v in groups.items() if all(m.name in static for m in v)}
+    res = resolve(doc, static, shared, kv=kv)
     findings[:] = [f for f in findings if f.code != "uncalibrated"]
     findings.extend(Finding(ERROR, "calibration", p.split(":")[0], p) for p in res.problems)
     if kv_cache_dtype == "fp8" and not res.kv_amax:
@@ -139,3 +151,17 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme, kv_cache_d
         findings.append(Finding(WARNING, "experts-no-tokens", "experts", f"{len(res.no_tokens)} expert Linear(s) received no "
                                 f"calibration token (e.g. {res.no_tokens[0]}); they use the max amax of their layer's experts"))
     return res
+
+
+def calibration_summary(plan, full: bool) -> dict:
+    """What was calibrated: data, run, and (`full`) per module amax, the ModelOpt ``input_scale`` of its
+    own algorithm (mixed precision: the module's), tokens; per attention layer its K/V amax and scales."""
+    cal = plan.act_scales
+    out = {"calibrated": True, "data": cal.meta.get("data"), "run": cal.meta.get("run"),
+           "source": cal.meta.get("source"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
+           "experts_without_tokens": list(cal.no_tokens)}
+    if full:
+        out["per_module"] = {m: {"amax": a, "input_scale": cal.input_scale(m, plan.scheme_of(m).algo), "tokens": cal.tokens.get(m, 0)}
+                             for m, a in cal.input_amax.items()}
+        out["kv"] = {a: {"k_amax": k, "v_amax": v, "k_scale": k / E4M3_MAX, "v_scale": v / E4M3_MAX} for a, (k, v) in cal.kv_amax.items()}
+    return out

@@ -52,12 +52,10 @@ class ScalesDoc:
                 "modules": self.modules, "kv": self.kv}
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp-{os.getpid()}"
+        from ..checkpoint.durable import write_json
+
         try:
-            with open(tmp, "w") as f:
-                json.dump(self.to_json(), f, indent=1, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, path)
+            write_json(path, self.to_json(), indent=1)
         except OSError as exc:
             raise CalibrationError(f"-o {path}: cannot write the scales file ({exc.strerror or exc}); check the folder and permissions") from None
 

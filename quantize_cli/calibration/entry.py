@@ -18,7 +18,7 @@ from .document import ScalesDoc
 
 def _source(src: str, revision, quiet: bool):
     from ..checkpoint.source import open_source
-    from ..plan.recipe import load_recipe
+    from ..modules.recipe import load_recipe
 
     source = open_source(src, revision=revision, quiet=quiet)
     return source, load_recipe(None, source.config.get("model_type"))
@@ -28,7 +28,7 @@ def run_calibration(src: str, calib_data: str, samples: int, seq_len: int, devic
                     revision=None, quiet: bool = True, recipe: str | None = None, info=None) -> ScalesDoc:
     """Open `src` and calibrate it (``quantize calibrate``); `info` prints progress lines."""
     from ..checkpoint.source import open_source
-    from ..plan.recipe import load_recipe
+    from ..modules.recipe import load_recipe
 
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
@@ -62,7 +62,7 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
     architecture: transformers builds it on the meta device, its blocks and tensor names; the memory
     budget), without running the model."""
     from ..checkpoint.source import open_source
-    from ..plan.recipe import load_recipe
+    from ..modules.recipe import load_recipe
     from . import _hidden, _max_positions, _vocab, offload_decision
     from .data import load_samples
     from .model import build
@@ -84,10 +84,15 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
     return planned
 
 
-def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
-                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False):
-    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations);
-    with `dry_run` and ``--calib-data``: a :class:`PlannedCalibration` (checked, not run)."""
+def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
+                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False,
+                       kv_cache: bool = False):
+    """The ScalesDoc a conversion uses, or None (no calibration asked for, or nothing to calibrate);
+    with `dry_run` and ``--calib-data``: a :class:`PlannedCalibration` (checked, not run).
+
+    `algos`: every algorithm the conversion writes (``--algo`` and the ``--algo-for`` ones); `kv_cache`:
+    ``--kv-cache-dtype fp8``. Calibration runs when one of them has static activation scales or the KV
+    cache is FP8 (its K/V scales are calibrated whatever the algorithms)."""
     if calib_data is None and act_scales is None:
         if calib_samples is not None or calib_seq_len is not None:
             raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
@@ -98,9 +103,10 @@ def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq
         raise UsageError("--low-disk with calibration: the forward needs the whole source on disk; drop --low-disk")
     from ..schemes import get_scheme
 
-    if get_scheme(algo).static_input_scale is None:
-        (warn or (lambda m: None))(f"{algo} quantizes activations dynamically (or not at all): "
-                                   f"{'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
+    algos = [get_scheme(a).algo for a in ([algos] if isinstance(algos, str) else algos)]
+    if not kv_cache and all(get_scheme(a).static_input_scale is None for a in algos):
+        (warn or (lambda m: None))(f"{'/'.join(dict.fromkeys(algos))} quantizes activations dynamically (or not at all) and the "
+                                   f"KV cache is not FP8: {'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
         return None
     if act_scales is not None:
         doc = load(act_scales)

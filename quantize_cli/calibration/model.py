@@ -17,7 +17,7 @@ import torch
 
 from ..checkpoint.safetensors_io import TensorInfo, read_tensor
 from ..errors import SourceError
-from ..plan.experts import expert_names
+from ..modules.experts import expert_names
 from . import hooks
 
 

@@ -8,6 +8,7 @@ with an empty config, and a crash while the state file is rewritten never leaves
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -45,3 +46,10 @@ def copy_durable(src: str, dst: str) -> None:
     """``shutil.copyfile`` followed by an fsync of the copy."""
     shutil.copyfile(src, dst)
     fsync_path(dst)
+
+
+def write_json(path: str, doc, indent: int = 2, sort_keys: bool = False) -> None:
+    """`doc` as JSON into `path`, atomically and durably (the one JSON writer: reports, --json,
+    SCALES.json, the output's documents). NaN is refused (``allow_nan=False``): JSON has none."""
+    text = json.dumps(doc, indent=indent, sort_keys=sort_keys, allow_nan=False, default=str) + "\n"
+    write_atomic(path, text.encode())

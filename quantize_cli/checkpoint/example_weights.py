@@ -16,7 +16,7 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from .examples import EXAMPLE_VERSION, NAMES, example_path  # noqa: F401  (the path side, torch-free)
+from .examples import NAMES
 
 
 def llama_config(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=512) -> dict:

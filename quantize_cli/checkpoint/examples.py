@@ -25,19 +25,22 @@ def _cache_dir() -> str:
     return os.path.join(base, "quantize", "examples")
 
 
-def example_path(name: str) -> str:
-    """The folder of example `name`, generated on first use (atomically, so races are harmless)."""
+def example_path(name: str, generators=None) -> str:
+    """The folder of example `name`, generated on first use (atomically, so races are harmless).
+
+    `generators`: name -> ``generate(folder)``; None when the caller has none (a folder not generated
+    yet is then an error). :func:`checkpoint.source.resolve_source` passes example_weights.EXAMPLES."""
     if name not in NAMES:
         raise SourceError(f"example:{name}: no such example; available: {', '.join('example:' + n for n in NAMES)}")
     final = os.path.join(_cache_dir(), f"{name}-v{EXAMPLE_VERSION}")
     if os.path.isdir(final):
         return final
-    from .example_weights import EXAMPLES  # torch: only to generate the weights, once
-
+    if generators is None:
+        raise SourceError(f"example:{name}: not generated yet and no generator given")
     os.makedirs(_cache_dir(), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=_cache_dir())
     try:
-        EXAMPLES[name](tmp)
+        generators[name](tmp)
         os.rename(tmp, final)
     except OSError:
         if not os.path.isdir(final):

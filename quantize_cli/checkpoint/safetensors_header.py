@@ -201,3 +201,16 @@ def _parse_entry(name, entry, where, data_len, path, data_start) -> TensorInfo:
             f"{bad} ends at data byte {_num(offs[1])} but the file holds only {data_len}; the file is truncated; re-download it"
         )
     return TensorInfo(name, dtype, tuple(shape), path, data_start + offs[0], size)
+
+
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+def shard_header(tensors: list) -> bytes:
+    """The header bytes (length prefix included) for `tensors` (OutTensor-like, in data order)."""
+    doc: dict = {"__metadata__": SAFETENSORS_METADATA}
+    for t in tensors:
+        doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.offset, t.offset + t.nbytes]}
+    raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw

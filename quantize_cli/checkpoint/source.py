@@ -54,9 +54,17 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
     Returns ``(folder, from_hub)``.
     """
     if src.startswith("example:"):
-        from .examples import example_path
+        from .examples import NAMES, example_path
 
-        return example_path(src.split(":", 1)[1]), False
+        name = src.split(":", 1)[1]
+        try:  # torch-free when the example is there already (check and --dry-run import no torch)
+            return example_path(name), False
+        except SourceError:
+            if name not in NAMES:
+                raise
+        from .example_weights import EXAMPLES  # torch: only to generate the weights, once
+
+        return example_path(name, EXAMPLES), False
     if os.path.isdir(src):
         return os.path.abspath(src), False
     if os.path.exists(src):

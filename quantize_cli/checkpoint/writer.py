@@ -19,9 +19,9 @@ import torch
 
 from ..errors import DestinationError
 from .durable import write_atomic
+from .safetensors_header import shard_header
 from .safetensors_io import byte_view
 
-SAFETENSORS_METADATA = {"format": "pt"}
 # Big writes start their writeback at once: otherwise the kernel keeps gigabytes dirty until the
 # final fsync, and the output write no longer overlaps the source read.
 WRITEBACK_MIN = 1 << 20
@@ -58,16 +58,6 @@ def _start_writeback(fd: int, pos: int, length: int) -> None:
     """Ask the kernel to begin writing this range to disk now (asynchronous; ctypes drops the GIL)."""
     if _sync_file_range is not None:
         _sync_file_range(fd, pos, length, _SYNC_WRITE)
-
-
-def shard_header(tensors: list) -> bytes:
-    """The header bytes (length prefix included) for `tensors` (OutTensor-like, in data order)."""
-    doc: dict = {"__metadata__": SAFETENSORS_METADATA}
-    for t in tensors:
-        doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.offset, t.offset + t.nbytes]}
-    raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw
 
 
 class ShardWriter:
@@ -164,7 +154,7 @@ class ShardWriter:
                 pass
 
     def close(self, sync: bool = True) -> None:
-        """fsync and close every shard; write the index when there is more than one shard."""
+        """fsync and close every shard (the index is the output's: output/workfolder.py, unpack.py)."""
         try:
             for fd in self._fds.values():
                 if sync:
@@ -172,8 +162,6 @@ class ShardWriter:
                 os.close(fd)
         finally:
             self._fds = {}
-        if len(self.shard_names) > 1 and self.only is None:
-            write_index(self.folder, self.outputs, self.shard_names)
 
 
 def write_index(folder: str, outputs: dict, shard_names: list[str]) -> None:

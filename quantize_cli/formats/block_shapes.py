@@ -8,7 +8,7 @@ Linear or the last member may end in a partial block (llm-compressor pads it wit
 
 from __future__ import annotations
 
-from ..plan.parallel import parallel_style, partition_shape
+from ..modules.parallel import parallel_style, partition_shape
 from ..problems import Problem
 from .ct_schemes import BLOCK, CtFp8
 

@@ -14,24 +14,8 @@ import re
 from typing import Iterable, Mapping
 
 from ..algorithms import is_experts_prefix
-from ..plan.classify import LINEAR, ROUTER, Module
+from ..modules.classify import LINEAR, ROUTER, Module
 from ..problems import EXCLUDE_MISREAD, Problem
-
-
-def is_ct(scheme) -> bool:
-    """True when `scheme` writes the compressed-tensors format."""
-    from .ct_schemes import CtScheme
-
-    return isinstance(scheme, CtScheme)
-
-
-def exclusion_list(scheme, mods: dict[str, Module], packed: Mapping[str, Iterable[str]]) -> list[str]:
-    """The format's list of unquantized modules: ``exclude_modules`` (ModelOpt) or ``ignore``."""
-    if is_ct(scheme):
-        return ct_ignore(mods)
-    from .modelopt_exclusions import build_exclude_modules
-
-    return build_exclude_modules(mods, packed)
 
 
 def ct_ignore(mods: dict[str, Module]) -> list[str]:

@@ -36,7 +36,7 @@ def ct_groups(schemes: Mapping, default, modules: Mapping | None = None) -> dict
     Override groups first (in the order their first module is defined), the ``Linear`` group
     last, so that a first-match reader such as llm-compressor's gives the same assignment.
     Example: ``{"FP8_BLOCK": ["model.layers.0.self_attn.q_proj", ...], "NVFP4": ["Linear"]}``."""
-    from ..plan.mixed import definition_order
+    from ..modules.classify import definition_order
 
     by_preset: dict[str, list[str]] = {}
     for name in sorted(schemes, key=definition_order):

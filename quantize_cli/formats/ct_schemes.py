@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..algorithms import E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP
+from ..algorithms import ALGORITHMS, E2M1_MAX, E4M3_MAX, FP8_BLOCK, NVFP4_GROUP
 from ..schemes.base import Scheme, Spec, k_group_problem
 from .static_scales import static_input_value
 
@@ -98,14 +98,14 @@ class CtScheme(Scheme):
         import torch
 
         if "input_global_scale" in out:
-            return {"input_global_scale": torch.tensor(E4M3_MAX * 6.0, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)}
+            return {"input_global_scale": torch.tensor(ALGORITHMS[self.algo].activation_bound, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)}
         like = out["input_scale"]
         return {"input_scale": ct_scale(torch.tensor(amax, dtype=torch.float32).to(like.dtype), E4M3_MAX).reshape(like.shape)}
 
     def _static_input(self, w: torch.Tensor, module: str | None = None) -> torch.Tensor:
         import torch
 
-        return torch.tensor(static_input_value(self.algo, module), dtype=self._input_dtype(w))
+        return torch.tensor(static_input_value(self.algo), dtype=self._input_dtype(w))
 
     def _input_dtype(self, w: torch.Tensor) -> torch.dtype:
         return w.dtype
@@ -235,7 +235,7 @@ class CtNvfp4(CtScheme):
         codes = e2m1_round(x) | ((x < 0).to(torch.uint8) << 3)  # -0.0 -> 0x0, a small negative -> 0x8
         out = {"weight_packed": pack_nibbles(codes), "weight_scale": s.to(torch.float8_e4m3fn), "weight_global_scale": g}
         if self.static_input_scale is not None:
-            out["input_global_scale"] = torch.tensor(static_input_value(self.algo, None), dtype=torch.float32)
+            out["input_global_scale"] = torch.tensor(static_input_value(self.algo), dtype=torch.float32)
         return out
 
     def dequantize(self, q):

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 
 from ..checkpoint.safetensors_header import TensorInfo
-from ..plan.classify import EMBEDDING, LINEAR, classify
-from ..plan.recipe import load_recipe
-from ..plan.validate import ERROR
+from ..modules.classify import EMBEDDING, LINEAR, classify
+from ..modules.recipe import load_recipe
+from ..algorithms import MIXED_PRECISION
+from ..problems import ERROR
+from .readback import check_finite, compare_with_source, read_index
 from .ct_config import PRESETS
 from .ct_mixed import LINEAR_TARGET, group_of, group_targets
 
@@ -56,13 +58,9 @@ def describe(qconfig: dict) -> str:
     return "mixed: " + ", ".join(parts)
 
 
-def verify_ct(path: str, config: dict, res, source: str | None) -> None:
-    """Fill `res` (a VerifyResult) for the compressed-tensors checkpoint at `path`."""
-    from ..verify import _check_finite, _compare_with_source, _index
-    from . import CT_SCHEMES
-
-    from ..plan.mixed import MIXED
-
+def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None:
+    """Fill `res` (a VerifyResult) for the compressed-tensors checkpoint at `path`; `schemes`: the
+    format's algo -> scheme table (formats/compressed_tensors.py)."""
     q = config["quantization_config"]
     groups = q.get("config_groups") or {}
     presets = {g: group_preset(cfg or {}, q) for g, cfg in groups.items()}
@@ -76,24 +74,24 @@ def verify_ct(path: str, config: dict, res, source: str | None) -> None:
     if os.path.exists(os.path.join(path, "hf_quant_config.json")):
         res.add(ERROR, "config", "hf_quant_config.json", "hf_quant_config.json is present beside a compressed-tensors config: "
                 "vLLM would pick the ModelOpt loader; delete it")
-    by_group = {g: next(s for s in CT_SCHEMES.values() if s.preset == p) for g, p in presets.items()}
+    by_group = {g: next(s for s in schemes.values() if s.preset == p) for g, p in presets.items()}
     targets = group_targets(q)
-    res.algo = next(iter(by_group.values())).algo if len(by_group) == 1 else MIXED
+    res.algo = next(iter(by_group.values())).algo if len(by_group) == 1 else MIXED_PRECISION
 
     def scheme_of(module: str):  # the group vLLM gives the module: exact / re: targets first, then Linear
         group = group_of(module, targets)
         return by_group.get(group) if group is not None else None
 
-    tensors = _index(path, res)
+    tensors = read_index(path, res)
     if not tensors:
         return
     quantized = _check_modules(tensors, scheme_of, res)
     _check_listed(targets, quantized, tensors, res)
     _check_ignore(tensors, quantized, config, list(q.get("ignore") or []), res)
-    _check_finite(tensors, res)
+    check_finite(tensors, res)
     if source:
         recipe = load_recipe(None, config.get("model_type"))
-        _compare_with_source(source, quantized, scheme_of, recipe, res)
+        compare_with_source(source, quantized, scheme_of, recipe, res)
 
 
 def _check_listed(targets: dict[str, list[str]], quantized, tensors, res) -> None:

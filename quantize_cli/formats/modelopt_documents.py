@@ -8,10 +8,12 @@ says honestly who wrote it under a top-level ``converter`` key, which loaders ig
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 import os
 
 from .. import __version__
 from ..algorithms import MIXED_PRECISION
+from ..modules.classify import definition_order
 from ..schemes import Scheme
 
 MODELOPT_VERSION = "0.47.0"  # the ModelOpt release whose export format we reproduce
@@ -37,35 +39,29 @@ def hf_quant_config(scheme: Scheme, exclude_modules: list[str], kv_cache_dtype: 
     return doc
 
 
-def mixed_hf_quant_config(plan, kv_cache_dtype: str | None = None) -> dict:
-    """The nested document of a MIXED_PRECISION plan (mixed.py: ``quantized_layers``, no exclude list)."""
-    from ..plan.mixed import hf_quant_config as mixed_doc
-
-    return mixed_doc(plan.schemes, _kv_algo(kv_cache_dtype), PRODUCER, {"name": "quantize", "version": __version__})
+def mixed_hf_quant_config(schemes: dict[str, Scheme], kv_cache_dtype: str | None = None, extra: dict | None = None) -> dict:
+    """The nested ``hf_quant_config.json`` of a MIXED_PRECISION checkpoint (spec 1.1-1.3):
+    ``quantized_layers`` (module -> its layer dict), no exclude list (a Linear absent from it is unquantized)."""
+    quant = {"quant_algo": MIXED_PRECISION, "kv_cache_quant_algo": _kv_algo(kv_cache_dtype), "quantized_layers": quantized_layers(schemes)}
+    doc = {"producer": dict(PRODUCER), "quantization": quant, "converter": {"name": "quantize", "version": __version__}}
+    if extra:
+        doc["converter"].update(extra)
+    return doc
 
 
 def _kv_algo(kv_cache_dtype: str | None) -> str | None:
     return None if kv_cache_dtype is None else kv_cache_dtype.upper()
 
 
-def _group(num_bits: int, group_size: int | None) -> dict:
-    g = {"dynamic": False, "num_bits": num_bits, "type": "float"}
-    if group_size is not None:
-        g["group_size"] = group_size
-    return g
+# A single-algorithm export carries ``config_groups`` for these only (ModelOpt 0.47's exporter).
+SINGLE_GROUPS = ("FP8", "NVFP4", "W4A16_NVFP4")
 
 
 def config_groups(scheme: Scheme) -> dict | None:
-    """``config_groups`` for the algorithms that carry one (FP8, NVFP4, W4A16_NVFP4), else None."""
-    if scheme.quant_algo == "FP8":
-        g = {"input_activations": _group(8, None), "weights": _group(8, None), "targets": ["Linear"]}
-    elif scheme.quant_algo == "NVFP4":
-        g = {"input_activations": _group(4, 16), "weights": _group(4, 16), "targets": ["Linear"]}
-    elif scheme.quant_algo == "W4A16_NVFP4":
-        g = {"weights": _group(4, 16), "targets": ["Linear"]}
-    else:
+    """``config_groups`` of a single-algorithm checkpoint: FP8, NVFP4 and W4A16_NVFP4 carry one, others None."""
+    if scheme.quant_algo not in SINGLE_GROUPS:
         return None
-    return {"group_0": g}
+    return {"group_0": {**group_config(scheme.quant_algo, scheme.group_size), "targets": ["Linear"]}}
 
 
 def flat_quantization_config(nested: dict) -> dict:
@@ -79,9 +75,7 @@ def flat_quantization_config(nested: dict) -> dict:
     q = nested["quantization"]
     out: dict = {}
     if q["quant_algo"] == MIXED_PRECISION:
-        from ..plan.mixed import config_groups as mixed_groups
-
-        out["config_groups"] = mixed_groups(q["quantized_layers"])
+        out["config_groups"] = mixed_config_groups(q["quantized_layers"])
         out["quantized_layers"] = {k: dict(v) for k, v in q["quantized_layers"].items()}
     else:
         groups = config_groups(scheme_for_quant_algo(q["quant_algo"]))
@@ -110,3 +104,49 @@ def write_config_files(folder: str, nested: dict, config: dict) -> None:
 
     for name, doc, indent in (("hf_quant_config.json", nested, 4), ("config.json", config, 2)):
         write_atomic(os.path.join(folder, name), (json.dumps(doc, indent=indent) + "\n").encode())
+
+
+# --- MIXED_PRECISION (--algo-for), as ModelOpt 0.47 writes it -----------------------------------
+
+def layer_config(scheme: Scheme) -> dict:
+    """ModelOpt's per-layer dict (``process_layer_quant_config``)."""
+    cfg: dict = {"quant_algo": scheme.quant_algo}
+    if scheme.group_size is not None:
+        cfg["group_size"] = scheme.group_size
+    return cfg
+
+
+def quantized_layers(schemes: dict[str, Scheme]) -> dict[str, dict]:
+    """Module -> layer dict, in the model's definition order (:func:`definition_order`)."""
+    return {name: layer_config(schemes[name]) for name in sorted(schemes, key=definition_order)}
+
+
+def group_config(quant_algo: str, group_size: int | None) -> dict:
+    """ModelOpt's ``_quant_algo_to_group_config`` for the algorithms we write (single and mixed checkpoints)."""
+    f8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    if quant_algo == "FP8":
+        return {"input_activations": dict(f8), "weights": dict(f8)}
+    if quant_algo == "FP8_PER_CHANNEL_PER_TOKEN":
+        return {"input_activations": dict(f8), "weights": {**f8, "strategy": "channel"}}
+    if quant_algo in ("NVFP4", "W4A16_NVFP4"):
+        gs = group_size or 16
+        w = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": gs}
+        return {"weights": w} if quant_algo == "W4A16_NVFP4" else {"input_activations": dict(w), "weights": dict(w)}
+    if quant_algo == "MXFP8":
+        gs = group_size or 32
+        return {"input_activations": {**f8, "group_size": gs}, "weights": {**f8, "group_size": gs}}
+    return {"quant_algo": quant_algo}  # fp8_pb_wo, W8A16: ModelOpt has no group details for them
+
+
+def mixed_config_groups(layers: dict[str, dict]) -> dict:
+    """One group per distinct layer dict (in first-seen order), targets sorted."""
+    by_cfg: dict[tuple, list[str]] = defaultdict(list)
+    for name, cfg in layers.items():
+        by_cfg[tuple(sorted(cfg.items()))].append(name)
+    groups = {}
+    for i, (key, names) in enumerate(by_cfg.items()):
+        cfg = dict(key)
+        g = group_config(cfg.get("quant_algo", ""), cfg.get("group_size"))
+        g["targets"] = sorted(names)
+        groups[f"group_{i}"] = g
+    return groups

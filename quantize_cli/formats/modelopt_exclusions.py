@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..algorithms import is_experts_prefix
-from ..plan.classify import EMBEDDING, LINEAR, ROUTER, Module
-from ..plan.matching import MixedFusedShards, match_reason, vllm_is_excluded, vllm_rewrite
+from ..modules.classify import EMBEDDING, LINEAR, ROUTER, Module
+from ..modules.matching import MixedFusedShards, match_reason, vllm_is_excluded, vllm_rewrite
 from ..problems import EXCLUDE_MISREAD, Problem
 
 

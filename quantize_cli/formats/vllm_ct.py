@@ -10,8 +10,8 @@ we write in this format has a Linear and a MoE path, so every mix of them is ser
 from __future__ import annotations
 
 from ..algorithms import is_expert_linear, is_experts_prefix
-from ..plan.classify import LINEAR, ROUTER
-from .ct_exclusions import ct_is_ignored, is_ct
+from ..modules.classify import LINEAR, ROUTER
+from .ct_exclusions import ct_is_ignored
 
 # algo -> (Linear scheme, static input scale? (None: the scheme has no such flag), MoE method)
 VLLM_CT = {
@@ -26,13 +26,11 @@ VLLM_CT = {
 
 
 def vllm_schemes(plan) -> dict[str, str]:
-    """vLLM module prefix -> the compressed-tensors method vLLM picks (empty for other formats).
+    """vLLM module prefix -> the compressed-tensors method vLLM picks for a compressed-tensors plan.
 
     Example: ``{"model.layers.0.self_attn.qkv_proj": "CompressedTensorsW8A8Int8(static_input=False)",
     "lm_head": "unquantized"}``.
     """
-    if not is_ct(plan.scheme):
-        return {}
     packed = dict(plan.recipe.fused)
     out: dict[str, str] = {}
     for m in plan.modules.values():

@@ -5,9 +5,12 @@ conversion), so any producer (calibration, another output format) can feed it wi
 this module. Facts, all JSON-able:
 
 - ``tool``: ``{"name": "quantize", "version": "0.1.0"}``; ``command``: the command line that makes
-  this output (str);
-- ``source``: what was converted (label); ``base_model``: its Hub repo id, or None when unknown;
-- ``format``: ``"modelopt"`` (``"compressed-tensors"`` later); ``layout``: ``"plain"`` or a kernel layout;
+  this output (str; from the run identity, output/identity.py);
+- ``source``: what was converted, as it may be published (the Hub id, else the folder's name: never a
+  local path); ``base_model``: its Hub repo id (the source's, or ``--base-model``), or None;
+- ``format``: ``"modelopt"`` or ``"compressed-tensors"``; ``engines``: the engines that serve it
+  (the format's ``served`` table); ``transformers_loads``: whether transformers loads it;
+  ``layout``: ``"plain"`` or a kernel layout;
 - ``algos``: ``{ALGO: number of quantized Linears}``; ``quant_algo``: the name in hf_quant_config.json;
 - ``kv_cache_dtype``: ``"fp8"`` or None;
 - ``excluded``: ``[{"module": name, "reason": why}]`` for every Linear kept unquantized;
@@ -28,10 +31,10 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import statistics
 
 from .. import __version__
+from ..algorithms import MIXED_PRECISION
 from ..repo_id import is_repo_id
 
 CARD_NAME = "README.md"
@@ -39,53 +42,6 @@ _MARKER = "<!-- written by quantize: everything above this line is generated -->
 _SOURCE_HEADING = "## Original model card"
 _SERVE_START = "<!-- quantize: serve -->"
 MAX_EXCLUDED_ROWS = 40
-
-# Which loaders serve which algorithm from the plain ModelOpt checkpoint (docs/formats.md).
-_VLLM = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4"}
-_TRTLLM = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "INT8"}
-_SGLANG = {"FP8", "NVFP4"}
-_TAGS = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "FP8_PB_WO": "fp8", "NVFP4": "nvfp4",
-         "W4A16_NVFP4": "nvfp4", "INT8": "int8"}
-_DESCRIBE = {
-    "FP8": "FP8 e4m3 weights with one fp32 scale per tensor; static per-tensor FP8 activations",
-    "FP8_PER_CHANNEL_PER_TOKEN": "FP8 e4m3 weights with one scale per output channel; dynamic per-token FP8 activations",
-    "FP8_PB_WO": "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations",
-    "NVFP4": "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); static global + dynamic group FP4 activations",
-    "W4A16_NVFP4": "NVFP4 weights (E2M1, 16-element groups); 16-bit activations",
-    "INT8": "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations",
-}
-
-
-# Options that do not change what is written: left out of the card's command line.
-_NOT_IN_COMMAND = {"src", "dst", "quiet", "resume", "dry_run", "overwrite", "report"}
-
-
-def command_line(src: str, dst: str, **options) -> str:
-    """The ``quantize convert`` command equivalent to a library call: every option that decides the
-    output and differs from its default, valued flags in ``ConvertOptions``' order, then switches.
-    ``options`` are convert's keywords (algo, exclude, recipe, ...); each maps to its CLI flag
-    (``kv_cache_dtype`` -> ``--kv-cache-dtype``), repeatable ones (exclude, algo_for) repeated."""
-    from dataclasses import MISSING, fields
-
-    from ..plan.options import ConvertOptions
-
-    args, switches = ["quantize", "convert", src, "-o", dst], []
-    for f in fields(ConvertOptions):
-        if f.name in _NOT_IN_COMMAND or f.name not in options:
-            continue
-        value, default = options[f.name], (None if f.default is MISSING else f.default)
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            switches += [flag] if value and not default else []
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                args += [flag, str(item)]
-        elif value not in (None, "") and str(value).lower() != str(default).lower():
-            args += [flag, str(value)]
-    if "--algo" not in args:  # always said, even when it is the library's default
-        args[5:5] = ["--algo", str(options.get("algo", ConvertOptions.algo))]
-    return shlex.join(args + switches)
-
 
 def sqnr_by_algo(errors_by_tensor: dict[str, dict], algo_of) -> dict[str, dict]:
     """Per-algorithm SQNR summary: ``{ALGO: {"tensors", "median", "min", "worst"}}``.
@@ -109,9 +65,26 @@ def verify_summary(verify_result, algo_of) -> dict:
             "compared_with_source": bool(per_algo), "sqnr_db": per_algo}
 
 
-def card_facts(plan, command: str, verify_result=None, calibration: dict | None = None, fmt: str = "modelopt") -> dict:
-    """The facts of a finished conversion of `plan` (see the module docstring)."""
-    from ..plan.classify import LINEAR
+def public_source(plan, base_model: str | None = None) -> tuple[str | None, str]:
+    """(the source's Hub repo id or None, how the card names the source): a Hub id as it is, a local
+    folder by its name only (its path is private), a folder in the Hub cache by the repo it caches."""
+    if base_model:
+        return base_model, base_model
+    label, root = plan.source.label, plan.source.root or ""
+    if label.startswith("example:"):
+        return None, label
+    if plan.source.from_hub and is_repo_id(label):
+        return label, label
+    cached = re.search(r"models--([^/]+)--([^/]+)/snapshots/", root + "/")  # huggingface_hub's cache layout
+    if cached and is_repo_id(f"{cached.group(1)}/{cached.group(2)}"):
+        repo = f"{cached.group(1)}/{cached.group(2)}"
+        return repo, repo
+    return None, os.path.basename(os.path.normpath(root or label)) or "model"
+
+
+def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: str | None = None, verify_result=None) -> dict:
+    """The facts of `plan`'s output, made by `identity` into `dst` (`repo`: where it is pushed)."""
+    from ..modules.classify import LINEAR
 
     def algo_of(module: str) -> str:  # mixed precision: each module's own algorithm
         return plan.scheme_of(module).algo
@@ -120,27 +93,46 @@ def card_facts(plan, command: str, verify_result=None, calibration: dict | None 
     for m in plan.modules.values():
         if m.quantize:
             algos[algo_of(m.name)] = algos.get(algo_of(m.name), 0) + 1
-    verify = verify_summary(verify_result, algo_of) if verify_result is not None else None
-    if calibration is None and plan.scheme.static_input_scale is not None:
-        calibration = {"calibrated": False, "input_scale": plan.scheme.static_input_scale,
-                       "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
-    label = plan.source.label
+    algos = algos or {plan.scheme.algo: 0}
+    base, shown = public_source(plan, base_model)
+    out = repo or os.path.basename(os.path.normpath(dst)) or "out"
+    command = identity.command_line(base or (shown if shown.startswith("example:") else f"./{shown}"), out)
     return {
         "tool": {"name": "quantize", "version": __version__},
         "command": command,
-        "source": label,
-        "base_model": label if plan.source.from_hub and is_repo_id(label) else None,
-        "format": fmt,
+        "title": f"{(base or (repo or '').split('/')[-1] or shown)} {'/'.join(algos)}",
+        "where": repo or f"./{out}",
+        "source": shown,
+        "base_model": base,
+        "format": plan.format.name,
+        "engines": plan.format.engines(algos),
+        "transformers_loads": plan.format.transformers_loads,
         "layout": plan.packing.metadata()["name"] if plan.packing is not None else "plain",
-        "algos": algos or {plan.scheme.algo: 0},
-        "quant_algo": "MIXED_PRECISION" if len(algos) > 1 else plan.scheme.quant_algo,
+        "algos": algos,
+        "quant_algo": MIXED_PRECISION if len(algos) > 1 else plan.scheme.quant_algo,
         "kv_cache_dtype": plan.kv_cache_dtype,
         "excluded": [{"module": m.name, "reason": m.reason} for m in plan.modules.values() if m.kind == LINEAR and not m.quantize],
         "exclude_modules": list(plan.exclude_modules),
-        "calibration": calibration,
-        "verify": verify,
+        "calibration": calibration_facts(plan),
+        "verify": verify_summary(verify_result, algo_of) if verify_result is not None else None,
         "sizes": {"in": plan.source.total_bytes, "out": plan.bytes_out},
     }
+
+
+def calibration_facts(plan) -> dict | None:
+    """The card's calibration facts, from the scales the bytes were written with (plan.act_scales)."""
+    cal = plan.act_scales
+    if cal is not None:
+        data = cal.meta.get("data") or {}
+        return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
+                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax)}
+    static = {s.algo: s.static_input_scale for s in (plan.schemes.values() if plan.mixed else [plan.scheme])
+              if s.static_input_scale is not None}
+    if not static:
+        return None
+    shown = next(iter(static.values())) if len(static) == 1 else ", ".join(f"{v:g} ({a})" for a, v in sorted(static.items()))
+    return {"calibrated": False, "input_scale": shown,
+            "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
 
 
 def _split_source_card(text: str | None) -> tuple[dict, str]:
@@ -161,8 +153,10 @@ def _split_source_card(text: str | None) -> tuple[dict, str]:
 
 def front_matter(facts: dict, source_meta: dict) -> dict:
     """The YAML front matter: Hub model-card metadata (base_model + base_model_relation: quantized)."""
+    from ..algorithms import ALGORITHMS
+
     algos = list(facts["algos"])
-    tags = ["quantized", facts["format"]] + sorted({_TAGS.get(a, a.lower()) for a in algos})
+    tags = ["quantized", facts["format"]] + sorted({ALGORITHMS[a].tag if a in ALGORITHMS else a.lower() for a in algos})
     if facts["format"] == "modelopt":
         tags.append("nvidia-modelopt")
     if facts.get("layout") not in (None, "plain"):
@@ -174,32 +168,32 @@ def front_matter(facts: dict, source_meta: dict) -> dict:
     for key in ("license", "license_name", "license_link", "pipeline_tag", "language"):
         if source_meta.get(key):
             meta[key] = source_meta[key]
-    # library_name "transformers": the weights keep the Transformers layout and config.json, which is
-    # what the Hub keys its vLLM / SGLang / TensorRT-LLM deploy snippets on.
-    meta["library_name"] = "transformers"
-    meta["tags"] = list(dict.fromkeys(tags))
+    # library_name "transformers" only where transformers loads the output: it loads a ModelOpt
+    # checkpoint as garbage (it skips the unknown quantization), so the Hub must not offer its snippet.
+    if facts.get("transformers_loads"):
+        meta["library_name"] = "transformers"
+    meta["tags"] = list(dict.fromkeys(tags + [e.lower() for e in facts.get("engines", []) if e != "transformers"]))
     return meta
 
 
 def serve_lines(facts: dict, repo: str) -> list[str]:
-    """Shell lines that serve this checkpoint, for the loaders that take its algorithm and format."""
-    algos = set(facts["algos"])
-    fmt = facts.get("format", "modelopt")
+    """Shell lines that serve this checkpoint, for the engines that load its algorithms in its format."""
+    from ..formats import format_named
+
     if facts.get("layout") not in (None, "plain"):
         return [f"# packed '{facts['layout']}' layout: no stock loader reads it (docs/layouts.md);",
                 "# serve the plain checkpoint instead:", f"quantize unpack {repo} -o plain-checkpoint"]
-    kv = " --kv-cache-dtype fp8" if facts.get("kv_cache_dtype") else ""
-    lines = []
-    # Only what was checked: one ModelOpt algorithm per checkpoint for TensorRT-LLM and SGLang; a mix
-    # of algorithms (vLLM's modelopt_mixed) or another format (compressed-tensors, vLLM's own) -> vLLM.
-    single = len(algos) == 1 and fmt == "modelopt"
-    if algos <= _VLLM or fmt != "modelopt":
-        lines.append(f"vllm serve {repo}{kv}   # vLLM reads the quantization from config.json")
-    if single and algos <= _TRTLLM:
-        lines.append(f"trtllm-serve {repo}   # TensorRT-LLM reads hf_quant_config.json")
-    if single and algos <= _SGLANG:
-        lines.append(f"python -m sglang.launch_server --model-path {repo}")
-    return lines or [f"# no stock loader is known to serve {', '.join(sorted(algos))} in this format"]
+    lines = format_named(facts.get("format")).serve_lines(facts["algos"], facts.get("kv_cache_dtype"), repo)
+    return lines or [f"# no stock loader is known to serve {', '.join(sorted(facts['algos']))} in this format"]
+
+
+def _load_note(facts: dict) -> list[str]:
+    """Where the output does not load, said where people look for it (transformers above all)."""
+    if facts.get("transformers_loads"):
+        return []
+    return ["transformers does not load this format: it skips the `modelopt` quantization and would compute with the "
+            "raw quantized bytes. For transformers, convert with `--format compressed-tensors`. The usage snippets of the "
+            "original model card below load the unquantized model.", ""]
 
 
 def render_card(facts: dict, source_card: str | None = None, repo: str | None = None) -> str:
@@ -208,25 +202,29 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
 
     source_meta, source_body = _split_source_card(source_card)
     meta = ModelCardData(**front_matter(facts, source_meta)).to_yaml()
-    where = repo or "path/to/this/checkpoint"
+    where = repo or facts.get("where") or "path/to/this/checkpoint"
     algos = facts["algos"]
-    title = (facts.get("base_model") or os.path.basename(str(facts["source"]).rstrip("/")) or "model") + " " + "/".join(algos)
-    out = [f"---\n{meta}\n---", f"# {title}", ""]
     base = facts.get("base_model")
+    title = facts.get("title") or f"{base or facts['source']} {'/'.join(algos)}"
+    out = [f"---\n{meta}\n---", f"# {title}", ""]
     origin = f"[{base}](https://huggingface.co/{base})" if base else f"`{facts['source']}`"
-    out += [f"A quantized version of {origin}, written by quantize {facts['tool']['version']} "
-            f"in the NVIDIA ModelOpt checkpoint format (`quant_method: modelopt`)."
-            if facts["format"] == "modelopt" else
-            f"A quantized version of {origin}, written by quantize {facts['tool']['version']} in the {facts['format']} format.", ""]
+    how = ("the NVIDIA ModelOpt checkpoint format (`quant_method: modelopt`)" if facts["format"] == "modelopt"
+           else f"the {facts['format']} format (`quant_method: {facts['format']}`)")
+    engines = facts.get("engines") or []
+    served = f" It is served by {', '.join(engines)}." if engines else ""
+    out += [f"A quantized version of {origin}, written by quantize {facts['tool']['version']} in {how}.{served}", ""]
+    out += _load_note(facts)
     out += ["## How it was made", "", "```bash", facts["command"], "```", ""]
     out += ["| | |", "|---|---|"]
     for algo, count in algos.items():
-        out.append(f"| algorithm | `{algo}` on {count} Linear layer(s): {_DESCRIBE.get(algo, algo)} |")
+        out.append(f"| algorithm | `{algo}` on {count} Linear layer(s): {_describe(algo)} |")
     out.append(f"| format | {facts['format']} (`quant_algo: {facts['quant_algo']}` in hf_quant_config.json and config.json) |"
                if facts["format"] == "modelopt" else
                f"| format | {facts['format']} (`quantization_config` in config.json) |")
     out.append(f"| layout | {facts.get('layout') or 'plain'} |")
-    out.append(f"| KV cache | {'FP8 (cast, no scales)' if facts.get('kv_cache_dtype') else 'unquantized'} |")
+    kv_scaled = (facts.get("calibration") or {}).get("kv_scales")
+    kv = ("FP8 with calibrated k/v scales" if kv_scaled else "FP8 (cast, no scales)") if facts.get("kv_cache_dtype") else "unquantized"
+    out.append(f"| KV cache | {kv} |")
     sizes = facts["sizes"]
     ratio = f" ({sizes['in'] / sizes['out']:.2f}x smaller)" if sizes.get("out") else ""
     out.append(f"| size | {_gb(sizes['in'])} before, {_gb(sizes['out'])} after{ratio} |")
@@ -237,12 +235,22 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     return "\n".join(out)
 
 
+def _describe(algo: str) -> str:
+    from ..algorithms import ALGORITHMS
+
+    return ALGORITHMS[algo].describe if algo in ALGORITHMS else algo
+
+
 def _serve_block(facts: dict, where: str) -> str:
     return "\n".join([_SERVE_START, "## Serve it", "", "```bash", *serve_lines(facts, where), "```", ""])
 
 
-def retarget_card(folder: str, facts: dict, repo: str) -> bool:
-    """Point the card's serve lines at Hub repo `repo` (``quantize push``); False when there is no card of ours."""
+def retarget_card(folder: str, repo: str, layout: str | None = None) -> bool:
+    """Point the card's serve lines at `repo` (``quantize push``; ``unpack``: a local path), from the
+    facts the folder's own documents give (its format's ``output_facts``: every format, mixed
+    precision and the KV cache included). False when there is no card of ours. Written atomically."""
+    from ..formats import detect_output
+
     path = os.path.join(folder, CARD_NAME)
     try:
         with open(path, encoding="utf-8") as f:
@@ -251,31 +259,36 @@ def retarget_card(folder: str, facts: dict, repo: str) -> bool:
         return False
     if _SERVE_START not in text or _MARKER not in text:
         return False
+    fmt, _ = detect_output(folder)
+    facts = {**fmt.output_facts(folder), "format": fmt.name}
+    if layout is not None:
+        facts["layout"] = layout
     head, rest = text.split(_SERVE_START, 1)
     _, tail = rest.split(_MARKER, 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(head + _serve_block(facts, repo) + "\n" + _MARKER + tail)
+    _write(path, head + _serve_block(facts, repo) + "\n" + _MARKER + tail)
     return True
 
 
-def mark_unpacked(folder: str, quant_config: dict, packed_from: str) -> None:
+def mark_unpacked(folder: str, packed_from: str) -> None:
     """After ``quantize unpack``: the copied card says the layout is now plain and serves it as such."""
-    from .publish import serve_facts
-
-    facts = {**serve_facts(quant_config), "layout": "plain"}
-    if not retarget_card(folder, facts, "path/to/this/checkpoint"):
+    if not retarget_card(folder, "path/to/this/checkpoint", layout="plain"):
         return
     path = os.path.join(folder, CARD_NAME)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     text = re.sub(r"^\| layout \| .* \|$", f"| layout | plain (unpacked from `{packed_from}` with `quantize unpack`) |", text,
                   count=1, flags=re.M)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    _write(path, text)
+
+
+def _write(path: str, text: str) -> None:
+    from ..checkpoint.durable import write_atomic
+
+    write_atomic(path, text.encode("utf-8"))
 
 
 def _gb(n: int) -> str:
-    from .report import human_bytes
+    from ..console import human_bytes
 
     return human_bytes(n)
 
@@ -285,7 +298,10 @@ def _calibration_section(cal: dict | None) -> list[str]:
     if cal is None:
         lines.append("None needed: no static activation scale (weights only, or dynamic activation scales at serve time).")
     elif cal.get("calibrated"):
-        lines.append(f"Calibrated on `{cal.get('dataset')}`: {cal.get('samples')} sample(s) of {cal.get('seq_len')} token(s).")
+        what = [f"{cal['modules']} input scale(s)" if cal.get("modules") else None,
+                f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None]
+        lines.append(f"Calibrated ({', '.join(w for w in what if w) or 'scales'}) on `{cal.get('dataset')}`: "
+                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s) ({cal.get('tokens')} tokens).")
     else:
         value = cal.get("input_scale")
         shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
@@ -320,32 +336,11 @@ def _verify_section(ver: dict | None) -> list[str]:
     return lines + [""]
 
 
-def write_card(folder: str, facts: dict, repo: str | None = None) -> str:
-    """Write ``README.md`` into `folder`, keeping a README.md already there (the source's) below ours."""
+def card_text(folder: str, facts: dict, repo: str | None = None) -> str:
+    """The card for `folder`: ours, with a README.md already there (the source's, copied) kept below."""
     path = os.path.join(folder, CARD_NAME)
     source = None
     if os.path.isfile(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             source = f.read()
-    text = render_card(facts, source, repo)
-    from ..checkpoint.durable import write_atomic
-
-    write_atomic(path, text.encode("utf-8"))  # fsynced: DST is published by a rename right after
-    return path
-
-
-def write_conversion_card(plan, folder: str, verified, src: str, dst: str, repo: str | None, flags: dict) -> None:
-    """convert: write the card of `plan`'s output into work folder `folder`, before DST is published.
-
-    `verified`: --verify's VerifyResult or None; `repo`: --push-to-hub or None; `flags`: convert's
-    other keywords (for the command line).
-    """
-    from ..errors import DestinationError
-
-    from ..formats import format_of
-
-    command = command_line(src, dst, **{**flags, "algo": plan.scheme.algo, "push_to_hub": repo})
-    try:
-        write_card(folder, card_facts(plan, command, verified, fmt=format_of(plan.scheme)), repo or dst)
-    except OSError as exc:
-        raise DestinationError(f"{folder}/README.md: cannot write the model card ({exc.strerror}); check space and permissions") from exc
+    return render_card(facts, source, repo)

@@ -33,8 +33,8 @@ def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> str:
     return repo_id
 
 
-def check_publishable(folder: str) -> dict:
-    """Refuse anything but a finished checkpoint; return its ``hf_quant_config.json`` (or {})."""
+def check_publishable(folder: str) -> None:
+    """Refuse anything but a finished checkpoint."""
     if not os.path.isdir(folder):
         raise PublishError(f"{folder}: not a folder; push takes a finished `quantize convert` output")
     names = set(os.listdir(folder))
@@ -43,18 +43,6 @@ def check_publishable(folder: str) -> dict:
     unfinished = {".quantize.lock", ".quantize-state.json", ".quantize-journal"} & names
     if unfinished:
         raise PublishError(f"{folder}: holds {sorted(unfinished)[0]}, an unfinished conversion; finish it with convert --resume first")
-    return read_json_or_none(os.path.join(folder, "hf_quant_config.json")) or {}
-
-
-def serve_facts(quant_config: dict) -> dict:
-    """The few card facts the serve lines need, read back from a checkpoint's hf_quant_config.json."""
-    from ..schemes import scheme_for_quant_algo as scheme_for
-
-    q = quant_config.get("quantization") or {}
-    scheme = scheme_for(q.get("quant_algo", ""))
-    layout = ((quant_config.get("converter") or {}).get("layout") or {}).get("name", "plain")
-    return {"algos": {scheme.algo if scheme else str(q.get("quant_algo")): 0}, "layout": layout,
-            "kv_cache_dtype": "fp8" if q.get("kv_cache_quant_algo") else None}
 
 
 def _token_free(text: str) -> str:
@@ -85,7 +73,7 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
     """
     check_repo_id(repo_id)
     _check_branch(revision_out)
-    quant_config = check_publishable(dst)
+    check_publishable(dst)
     try:
         from huggingface_hub import HfApi, get_token
         from huggingface_hub.utils import disable_progress_bars
@@ -97,7 +85,7 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
         disable_progress_bars()
     from .card import retarget_card
 
-    retarget_card(dst, serve_facts(quant_config), repo_id)
+    retarget_card(dst, repo_id)  # serve lines from the folder's own documents, whatever its format
     api = HfApi()
     step = "creating the repo"
     try:
@@ -107,7 +95,7 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
             step = f"creating branch {revision_out}"
             api.create_branch(repo_id, branch=revision_out, repo_type="model", exist_ok=True)
         step = "uploading"
-        algo = ((quant_config.get("quantization") or {}).get("quant_algo")) or "quantized"
+        algo = "/".join(_algos(dst)) or "quantized"
         info = api.upload_folder(repo_id=repo_id, folder_path=dst, repo_type="model", revision=revision_out,
                                  ignore_patterns=list(IGNORE), commit_message=f"{algo} checkpoint written by quantize {__version__}")
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM mid-upload: say what is safe, then exit 130 as usual
@@ -143,7 +131,7 @@ def _check_branch(revision_out: str | None) -> None:
 def push_after_convert(dst: str, repo_id: str, private: bool, revision_out: str | None, quiet: bool, doc: dict,
                        report: str | None) -> dict:
     """convert --push-to-hub: push the finished DST; record the outcome in the report either way."""
-    from .report import write_json
+    from ..checkpoint.durable import write_json
 
     try:
         record = push(dst, repo_id, private=private, revision_out=revision_out, quiet=quiet)
@@ -156,3 +144,11 @@ def push_after_convert(dst: str, repo_id: str, private: bool, revision_out: str 
     if report:
         write_json(report, doc)
     return record
+
+
+def _algos(folder: str) -> list[str]:
+    """The algorithms a finished checkpoint holds, from its format's documents (the commit message)."""
+    from ..formats import detect_output
+
+    fmt, _ = detect_output(folder)
+    return sorted(fmt.output_facts(folder)["algos"])

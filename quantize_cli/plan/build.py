@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..checkpoint.safetensors_header import TensorInfo, nbytes_of
 from ..checkpoint.source import Source
-from .classify import LINEAR, Module, classify, fused_groups, natural_key
-from ..formats.ct_exclusions import exclusion_list
-from .experts import expand
-from .matching import match_reason, vllm_rewrite
-from .recipe import Recipe
+from ..modules.classify import LINEAR, Module, classify, fused_groups, natural_key
+from ..modules.experts import expand
+from ..modules.matching import match_reason, vllm_rewrite
+from ..modules.recipe import Recipe
 from ..schemes import Scheme
-from .validate import ERROR, WARNING, Finding, dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding, moe_stack_finding, name_clash_finding, problem_findings, validate
+from ..problems import ERROR, WARNING, Finding
+from .validate import dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding, moe_stack_finding, name_clash_finding, problem_findings, validate
 from . import mixed
-from .experts import expert_names
+from ..modules.experts import expert_names
 from ..layouts import Layout
 from ..layouts.packing import Packing, act_dtype_from_config
 from ..calibration.apply import ActScales, for_plan
+
+
+if TYPE_CHECKING:
+    from ..formats.base import Format
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,14 @@ class Plan:
     act_scales: "ActScales | None" = None  # calibrated input/KV amax (calibration/apply.py); None: constants
     schemes: dict[str, Scheme] = field(default_factory=dict)  # mixed precision: module -> its scheme
     scheme_rules: dict[str, str] = field(default_factory=dict)  # mixed precision: module -> the rule that chose it
+    format: "Format" = None  # type: ignore[assignment]  # the output format (formats/): documents, exclusions, serving
+    max_shard_size: str | int = 5 * 10**9  # as given (--max-shard-size); the shard layout above is derived from it
+
+    def __post_init__(self):
+        if self.format is None:  # plans built by hand in tests: ModelOpt, the default
+            from ..formats import MODELOPT
+
+            object.__setattr__(self, "format", MODELOPT)
 
     @property
     def mixed(self) -> bool:
@@ -128,12 +141,12 @@ class Plan:
 
     def to_text(self) -> str:
         """The human plan printed by --dry-run: one line per module, then the totals."""
-        from ..output.report import plan_text
+        from .render import plan_text
 
         return plan_text(self)
 
     def to_json(self) -> dict:
-        from ..output.report import plan_json
+        from .render import plan_json
 
         return plan_json(self)
 
@@ -307,31 +320,35 @@ def build_plan(
     scheme: Scheme,
     recipe: Recipe,
     exclude: list[str] | tuple[str, ...] = (),
-    max_shard_size: int = 5 * 10**9,
+    max_shard_size: int | str = 5 * 10**9,
     kv_cache_dtype: str | None = None,
     tp: int = 1,
     layout: str = "plain",
     act_scales=None,
     algo_for: list | tuple = (),
+    fmt: "Format | None" = None,
 ) -> Plan:
     """Decide everything about a conversion without reading tensor data.
 
-    `algo_for`: :class:`mixed.AlgoRule` s choosing another scheme than `scheme` for some modules."""
+    `scheme`: --algo's scheme in format `fmt` (ModelOpt when None); `algo_for`: :class:`mixed.AlgoRule` s
+    choosing another scheme for some modules; `max_shard_size`: bytes, or a size such as ``"5GB"``."""
+    if fmt is None:
+        from ..formats import MODELOPT as fmt
     num_layers = source.config.get("num_hidden_layers")
     if not isinstance(num_layers, int):
         num_layers = (source.config.get("text_config") or {}).get("num_hidden_layers")
     tensors, split_problems = expand(source.tensors, recipe, lambda module: _user_excludes(module, exclude))
     mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
-    entries = exclusion_list(scheme, mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
+    entries = fmt.exclusion_list(mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
     findings = problem_findings(split_problems)
     schemes, rules_used = mixed.assign(mods, scheme, list(algo_for))
     if algo_for:
-        findings += mixed.findings(mods, groups, moe_layers(mods), schemes, rules_used, list(algo_for), layout)
+        findings += mixed.findings(mods, groups, moe_layers(mods), schemes, rules_used, list(algo_for), layout, fmt)
     if not mixed.is_mixed(schemes):  # one algorithm after all: the plain single-format checkpoint
         scheme = next(iter(schemes.values()), scheme)
         schemes, rules_used = {}, {}
-    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes)
+    findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes, fmt)
     if schemes:
         layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)
@@ -341,10 +358,10 @@ def build_plan(
         packing = None
     if packing is not None:
         findings += dense_layout_findings(mods, packing, stacks)
-    calib = for_plan(act_scales, mods, groups, scheme, kv_cache_dtype, findings)  # act_scales: a ScalesDoc or None
+    calib = for_plan(act_scales, mods, groups, lambda m: schemes.get(m, scheme), kv_cache_dtype, findings)  # a ScalesDoc or None
     kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
-    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, schemes, findings), **kv_outs}, max_shard_size)
+    outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, schemes, findings), **kv_outs}, parse_size(max_shard_size))
     return Plan(
         source=source,
         scheme=scheme,
@@ -361,6 +378,8 @@ def build_plan(
         act_scales=calib,
         schemes=schemes,
         scheme_rules=rules_used,
+        format=fmt,
+        max_shard_size=max_shard_size,
     )
 
 

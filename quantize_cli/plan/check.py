@@ -12,13 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..algorithms import MIXED_PRECISION, is_expert_linear
-from .classify import LINEAR, ROUTER, Module
+from ..modules.classify import LINEAR, ROUTER, Module
 from ..errors import display
-from .matching import match_reason, vllm_rewrite
+from ..modules.matching import match_reason, vllm_rewrite
 from .build import Plan, natural_key
-from .validate import ERROR, WARNING, Finding, FindingsResult
-from ..formats import format_of
-from ..formats.vllm_ct import vllm_schemes
+from ..problems import ERROR, WARNING, Finding, FindingsResult
 
 
 @dataclass
@@ -118,13 +116,13 @@ class CheckResult(FindingsResult):
             "patterns": [r.to_json() for r in self.patterns],
             "exclude_modules": p.exclude_modules,
             "findings": [f.to_json() for f in self.findings],
-            "format": format_of(p.scheme),
-            "vllm_schemes": vllm_schemes(p),  # compressed-tensors: what vLLM 0.33 picks per module
+            "format": p.format.name,
+            "vllm_schemes": p.format.vllm_decisions(p),  # compressed-tensors: what vLLM 0.33 picks per module
         }
 
     def to_text(self) -> str:
         p = self.plan
-        lines = [f"check: {p.source.label}  algo {p.scheme.algo}  format {format_of(p.scheme)}  recipe {p.recipe.name}  tp {self.tp}"]
+        lines = [f"check: {p.source.label}  algo {p.scheme.algo}  format {p.format.name}  recipe {p.recipe.name}  tp {self.tp}"]
         rows = [(display(m.name), p.scheme_of(m.name).algo if m.quantize else "keep",
                  display(f"{m.reason}; {p.scheme_rules[m.name]}" if m.name in p.scheme_rules else m.reason))
                 for m in sorted(p.modules.values(), key=lambda m: natural_key(m.name)) if m.kind in (LINEAR, ROUTER)]

@@ -46,6 +46,7 @@ class ConvertOptions:
     format: str = "modelopt"
     algo_for: tuple[str, ...] = ()
     kernels: str = "auto"
+    base_model: str | None = None
 
     def __post_init__(self):
         # Lists from library callers become tuples: the value stays immutable (and hashable).
@@ -63,20 +64,11 @@ class ConvertOptions:
 
 @dataclass(frozen=True)
 class Checked:
-    """What checking the options resolved (``api.run``'s first step).
-
-    budget: --memory-budget in bytes. device: the local torch device (the driver's ``cpu`` with
-    Ray); a dry run keeps ``"cpu"`` / ``"auto"`` as a name where nothing reads what torch would
-    resolve (devices.without_torch). ray_device: the Ray tasks' device, or None. format, kernels: normalised. finished: a
-    --resume of a DST already complete. on_hub: SRC is a Hub repo id.
-    """
+    """What checking the options resolved (``convert``'s first step): budget (--memory-budget in
+    bytes), format (the output format object, formats/), on_hub (SRC is a Hub repo id)."""
 
     budget: int
-    device: object
-    ray_device: str | None
-    format: str
-    kernels: str
-    finished: bool
+    format: object
     on_hub: bool
 
 

@@ -29,52 +29,12 @@ experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, patter
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from ..algorithms import is_expert_linear, is_experts_prefix
 from ..checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES
-from .classify import LINEAR, Module
-from ..formats.modelopt_exclusions import verify_exclusions
-from ..formats.ct_exclusions import ct_misread, is_ct
-from ..formats.block_shapes import block_n_problems
-from .parallel import parallel_style, partition_shape
-from ..problems import LAYOUT_NO_BYTES_MOVE, Problem
+from ..modules.classify import LINEAR, Module
+from ..modules.parallel import parallel_style, partition_shape
+from ..problems import ERROR, WARNING, LAYOUT_NO_BYTES_MOVE, Finding, Problem
 from ..schemes import Scheme
-
-ERROR, WARNING = "error", "warning"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One result of a rule: level (error/warning), a stable code, what it is about, one line."""
-
-    level: str
-    code: str
-    subject: str
-    message: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def of(cls, level: str, problem: Problem) -> "Finding":
-        """The finding for a :class:`Problem` computed elsewhere, at the `level` this module decides."""
-        return cls(level, problem.rule, problem.subject, problem.message)
-
-
-class FindingsResult:
-    """Mixin for results holding ``self.findings``: the errors and the warnings among them."""
-
-    findings: list[Finding]
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == ERROR]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == WARNING]
-
 
 def fused_group_findings(groups: dict[str, list[Module]]) -> list[Finding]:
     out = []
@@ -97,7 +57,7 @@ def moe_layers(mods: dict[str, Module]) -> dict[str, list[Module]]:
     return layers
 
 
-def moe_findings(mods: dict[str, Module], scheme: Scheme, check_format: bool = True) -> list[Finding]:
+def moe_findings(mods: dict[str, Module], scheme: Scheme, fmt, check_format: bool = True) -> list[Finding]:
     """Partial expert exclusions, and expert formats vLLM's ModelOpt MoE path cannot serve."""
     layers = moe_layers(mods)
     out = []
@@ -108,7 +68,7 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme, check_format: bool = T
                 f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
                 f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"))
     served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
-    if served and check_format and not scheme.moe_served:
+    if served and check_format and not fmt.moe_served(scheme.algo):
         out.append(Finding(ERROR, "moe-format", served[0],
             f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), MXFP8, "
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
@@ -144,7 +104,7 @@ def shape_findings(mods: dict[str, Module], scheme: Scheme, recipe, config: dict
 
 
 def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_warnings: list[str],
-                     schemes: dict[str, Scheme] | None = None) -> list[Finding]:
+                     schemes: dict[str, Scheme] | None = None, fmt=None) -> list[Finding]:
     out = [Finding(WARNING, "source", "", w) for w in source_warnings]
     quantized = any(m.quantize for m in mods.values())
     for s in {x.algo: x for x in (schemes or {scheme.algo: scheme}).values()}.values():
@@ -153,7 +113,7 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
                 f"{s.algo} uses static activation scales and no calibration data was given: every input_scale is the "
                 f"documented constant {s.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
                 f"calibrate with --calib-data default (docs/calibration.md)"))
-    if scheme.algo == "INT8" and quantized and not schemes and not is_ct(scheme):  # compressed-tensors W8A8 is served by vLLM
+    if scheme.algo == "INT8" and quantized and not schemes and fmt is not None and not fmt.served[scheme.algo].vllm:
         out.append(Finding(WARNING, "int8-vllm", scheme.algo,
             "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
     for pat in exclude:
@@ -167,17 +127,18 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
 
 
 def validate(mods, groups, scheme: Scheme, recipe, config: dict, exclude, entries: list[str],
-             source_warnings: list[str], tp: int = 1, schemes: dict[str, Scheme] | None = None) -> list[Finding]:
-    """All findings for a decided set of modules and its ``exclude_modules`` list.
+             source_warnings: list[str], tp: int = 1, schemes: dict[str, Scheme] | None = None, fmt=None) -> list[Finding]:
+    """All findings for a decided set of modules and its ``exclude_modules`` list, in format `fmt`.
 
     `schemes`: mixed precision, module -> scheme (the expert formats are then checked by mixed.py)."""
-    findings = (fused_group_findings(groups) + moe_findings(mods, scheme, check_format=not schemes)
+    if fmt is None:
+        from ..formats import MODELOPT as fmt
+    findings = (fused_group_findings(groups) + moe_findings(mods, scheme, fmt, check_format=not schemes)
                 + shape_findings(mods, scheme, recipe, config, tp, schemes))
-    findings += [Finding.of(ERROR, p) for p in block_n_problems(mods, groups, scheme, recipe, config, tp, schemes)]  # compressed-tensors FP8_BLOCK only
+    findings += [Finding.of(ERROR, p) for p in fmt.shape_problems(mods, groups, scheme, recipe, config, tp, schemes)]
     partial = {f.subject for f in findings if f.code == "fused-partial"}  # already reported, with its fix
-    misread = ct_misread if is_ct(scheme) else verify_exclusions  # each format's loader semantics
-    findings += [Finding.of(ERROR, p) for p in misread(mods, entries, dict(recipe.fused)) if p.subject not in partial]
-    return findings + warning_findings(mods, scheme, exclude, source_warnings, schemes)
+    findings += [Finding.of(ERROR, p) for p in fmt.misread(mods, entries, dict(recipe.fused)) if p.subject not in partial]  # each format's loader semantics
+    return findings + warning_findings(mods, scheme, exclude, source_warnings, schemes, fmt)
 
 
 

@@ -1,6 +1,10 @@
-"""Executors beyond the local pipeline: the same plan, run elsewhere.
+"""Execution: the bytes of a plan, written into a work folder (stage 6 of docs/architecture.md).
 
-``partition`` splits a plan into units of output shards (pure data, no Ray); ``ray_executor`` runs
-those units as Ray tasks from the driver; ``ray_tasks`` is what runs on the workers. Ray is an
-optional extra (``pip install 'quantize[ray]'``) imported only inside these functions.
+Executors only produce bytes: ``local.produce`` and ``ray_executor.produce`` take the same plan,
+work folder (``partial``, the ``done`` tasks, ``journal``) and :class:`~.context.RunContext`, write
+every remaining task at its planned offset and journal it. Inside: ``schedule`` (every task's steps
+and reads), ``pipeline`` (read ahead, write behind), ``compute`` (quantize, pack, check), ``execute``
+(the coordinator), ``kernel_choice`` (``--kernels``), ``options`` (``--executor``/``--device``/
+``--kernels`` checks). Ray (``partition``, ``ray_executor``, ``ray_tasks``) is an optional extra,
+imported only inside those modules.
 """

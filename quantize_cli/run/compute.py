@@ -19,7 +19,7 @@ from .pipeline import Read, Timers
 from ..plan.build import Member, Plan, Task
 from .schedule import Amax, Const, Copy, Hold, PackExperts, PackGroup, Quantize, Share, Step
 from ..schemes.numerics import error_fields, square_sums
-from ..schemes.search import error_reduction, searched_baseline
+from ..schemes.rtn_baseline import error_reduction, searched_baseline
 
 # A fused-group member under this fraction of the group's shared amax quantizes to (almost) zero:
 # 448 x 1e-4 is under e4m3's smallest normal step (2^-6), so its values are subnormal or zero.

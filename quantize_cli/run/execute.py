@@ -25,30 +25,13 @@ import torch
 
 from ..checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .compute import ComputeStage, ErrorStats, RunStats
-from ..plan.experts import ViewedTensor
+from ..modules.experts import read_rows
 from .host_memory import PinnedPool, inflight_limit, startup_baseline, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
 from ..plan.build import Plan, Task
 from .schedule import CHUNK_BYTES, COPY_CHUNK, HOLD_BYTES, Schedule  # noqa: F401  (COPY_CHUNK: kept importable here)
 from .schedule import reads as steps_reads
-
-
-def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
-    """Rows ``[start, start+count)`` of a source tensor into a new (pinned) CPU tensor.
-
-    A :class:`ViewedTensor` (a transposed expert slice) reads its whole slab and takes the view.
-    """
-    if isinstance(info, ViewedTensor):
-        t = info.apply(read_tensor(info.slab))[start : start + count]
-        return t.pin_memory() if pin else t
-    if not info.shape:
-        return read_tensor(info)
-    row = info.nbytes // max(info.shape[0], 1)
-    buf = torch.empty(count * row, dtype=torch.uint8, pin_memory=pin)
-    if buf.numel():
-        read_bytes_into(info, byte_view(buf), start * row, count * row)
-    return buf.view(torch_dtype(info.dtype)).reshape((count,) + tuple(info.shape[1:]))
 
 
 class Executor:
@@ -65,7 +48,8 @@ class Executor:
         quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels on a GPU), default the reference.
         measure_error: accumulate per-tensor relative error / SQNR (for --report).
         progress: a callable taking the number of source bytes just consumed.
-        done: indices of tasks already complete (resume); on_task_written(i, digest) journals new ones.
+        done: indices of tasks already complete (resume); on_task_written(i, digest) journals new ones;
+            on_task_parts(i, {output: digest}): the same per output tensor (Ray joins a task's parts).
         resolver: low-disk Hub mode: fetches a source shard on first read, drops it after its last
             (built from the reads to come: ``Schedule(plan, **sizes).reads(tasks)``, no executor needed).
         fixed_amax: member module -> its group's amax computed elsewhere (Ray, split groups).
@@ -78,7 +62,7 @@ class Executor:
                  budget_bytes: int = 4 << 30, overlap: bool = True, quantize_fn=None, measure_error: bool = False,
                  progress: Callable[[int], None] | None = None, done: set[int] | frozenset[int] = frozenset(),
                  on_task_written: Callable[[int, str], None] | None = None, resolver=None, fixed_amax: dict | None = None,
-                 process_budget: int | None = None):
+                 process_budget: int | None = None, on_task_parts: Callable[[int, dict], None] | None = None):
         self.plan = plan
         self.writer = writer
         self.device = device
@@ -90,6 +74,7 @@ class Executor:
         self.progress = progress or (lambda n: None)
         self.done = frozenset(done)
         self.on_task_written = on_task_written or (lambda i, digest: None)
+        self.on_task_parts = on_task_parts
         self.resolver = resolver
         self.fixed_amax = fixed_amax
         self.process_budget = process_budget
@@ -111,7 +96,8 @@ class Executor:
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
                            self.overlap, timers)
-        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers)
+        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers,
+                          on_task_parts=self.on_task_parts)
         compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, out.write, self.quantize_fn,
                                self.measure_error, self.progress, self.fixed_amax,
                                self.resolver.resolve if self.resolver is not None else None, timers)

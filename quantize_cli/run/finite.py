@@ -12,29 +12,12 @@ import torch
 
 from ..checkpoint.safetensors_io import TensorInfo, torch_dtype
 from ..errors import NumericsError
-from ..plan.experts import ViewedTensor
+from ..modules.experts import ViewedTensor, read_rows
+from ..schemes.numerics import all_finite
 from ..schemes.mxfp8 import E8M0_MAX_FINITE_BYTE
 
 
-def _read_rows(info, start, count):
-    from .execute import read_rows  # the executor's reader (ViewedTensor slabs included)
-
-    return read_rows(info, start, count)
-
-
 _COPIED_FLOATS = ("BF16", "F16", "F32", "F64")
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    """No NaN or Inf in `t` (any dtype; integers always pass). For 16/32/64-bit floats by
-    ``aminmax`` (NaN and +-Inf reach the min or the max): one reduction, 50x faster on the CPU
-    than ``isfinite(t).all()``, which writes a full-size bool tensor first."""
-    if not t.is_floating_point() or not t.numel():
-        return True
-    if t.element_size() == 1:  # fp8: no aminmax kernel for these dtypes
-        return bool(torch.isfinite(t.float()).all())
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def refuse_non_finite_copy(info: TensorInfo, data: torch.Tensor) -> None:
@@ -77,7 +60,7 @@ def raise_non_finite(info: TensorInfo, chunk_bytes: int = 64 << 20, must_find: b
     rows = n if isinstance(info, ViewedTensor) else max(1, chunk_bytes // max(1, info.nbytes // max(n, 1)))
     where = ""
     for start in range(0, n, rows):
-        bad = (~torch.isfinite(_read_rows(info, start, min(rows, n - start)).float())).nonzero()
+        bad = (~torch.isfinite(read_rows(info, start, min(rows, n - start)).float())).nonzero()
         if bad.numel():
             first = bad[0].tolist()
             first[0] += start

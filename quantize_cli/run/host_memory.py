@@ -43,7 +43,7 @@ def startup_baseline(device) -> int:
 
 def warm_baseline(device) -> int:
     """RSS once `device` is ready to compute: on CUDA the context is created first (waiting for
-    the start-up thread of ``devices.warm_device`` if it is still at it), so that it counts."""
+    the start-up thread of ``run.context.warm_device`` if it is still at it), so that it counts."""
     if getattr(device, "type", "cpu") == "cuda":
         import torch
 

@@ -57,7 +57,7 @@ def partition(plan: Plan) -> list[ShardUnit]:
             if _splittable(plan, task):
                 keep = {n.rpartition(".")[0] for n in outputs}
                 members = tuple(m for m in task.members if m.module in keep)
-                if len(members) < len(task.members) and plan.scheme.shares_global_amax:
+                if len(members) < len(task.members) and (task.scheme or plan.scheme).shares_global_amax:  # the task's own
                     amax[shard].add(index)
                 sub = replace(task, members=members, outputs=outputs)
             else:

@@ -203,15 +203,17 @@ class AsyncWriter:
 
     ``task_done(i)`` is ordered after the task's writes: when the thread reaches it, every byte of
     task `i` is in the files and ``on_task_written(i, digest)`` is called (the resume journal;
-    :mod:`~quantize_cli.run.checksum`).
+    :mod:`~quantize_cli.run.checksum`), and ``on_task_parts(i, {output: digest})`` when given (a Ray
+    shard task: the driver joins the parts of a task written by several shard tasks).
     """
 
     def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True,
-                 timers: Timers | None = None):
+                 timers: Timers | None = None, on_task_parts: Callable[[int, dict], None] | None = None):
         self.timers = timers or Timers()
         self.writer = writer
         self.budget = budget
         self.on_task_written = on_task_written
+        self.on_task_parts = on_task_parts
         self._hash: dict = {}  # output name -> streaming hasher (bytes arrive in offset order)
         self._error: BaseException | None = None
         self._q: queue.Queue | None = queue.Queue() if threaded else None
@@ -239,6 +241,8 @@ class AsyncWriter:
         elif kind == "task":
             _, index, names = item
             parts = {n: (self._hash.pop(n).hexdigest() if n in self._hash else checksum.EMPTY) for n in names}
+            if self.on_task_parts is not None:
+                self.on_task_parts(index, parts)
             self.on_task_written(index, checksum.task_digest(parts))
 
     def _run(self) -> None:

@@ -1,12 +1,13 @@
 """``--executor ray``: one conversion as Ray tasks across processes, GPUs and machines, same bytes.
 
-The driver keeps every decision that spans shards: it builds the plan, splits it into one unit per
-output shard (:mod:`.partition`), computes the shared amax of fused groups split across units with
-small amax tasks, and hands it to the shard tasks. Each shard task (:mod:`.ray_tasks`) writes its
-shard into the shared work folder with the local executor and writer, on whatever node Ray
-places it, and returns the shard's CRC. The driver journals each finished shard (``--resume``
-after a driver crash skips the shards whose bytes still match), checks every shard (size, header,
-journaled CRC), writes the index and configs and renames the work folder to DST.
+The driver keeps every decision that spans shards: it splits the plan into one unit per output
+shard (:mod:`.partition`), computes the shared amax of fused groups split across units with small
+amax tasks, and hands it to the shard tasks. Each shard task (:mod:`.ray_tasks`) writes its shard
+into the shared work folder with the local executor and writer, on whatever node Ray places it, and
+returns the digest of every output tensor it wrote. The driver joins them per plan task and journals
+each task once all of its parts are in, exactly as the local executor does (``--resume`` after a
+driver crash skips the tasks whose bytes still match). Like every executor it only produces bytes:
+the output lifecycle (output/workfolder.py) finishes, verifies, seals and commits.
 
 Ray retries a task whose worker or node died (``max_retries``); an error raised by the
 conversion itself (NaN, a bad tensor) is not retried and stops the run with its own message.
@@ -20,13 +21,13 @@ import time
 import uuid
 
 from ..errors import DestinationError, QuantizeError, UsageError
-from .execute import RunStats
 from . import ray_tasks
+from .context import executor_sizes
+from .execute import RunStats
 from .partition import group_amax_sources, partition
 
 MAX_RETRIES = 3  # per task, for dead workers or nodes (Ray's own retry)
 WAIT_S = 0.5  # how often the driver refreshes the progress bar
-JOURNAL_PREFIX = "shard:"  # journal lines "shard:<index> <crc>" (the local executor's are "<task> <crc>")
 
 
 class RayRunError(DestinationError):
@@ -51,24 +52,28 @@ def check_options(executor: str, device: str) -> str:
     return check_device(device)
 
 
-def execute(plan, dest, device: str, budget: int, resume: bool, measure: bool, con, kv, options: dict, hub, address):
-    """``api.convert``'s execute step on Ray: the shards by Ray tasks, the index and configs here."""
-    import shutil
+def produce(plan, work, done: set[int], ctx):
+    """Write `plan`'s tasks not in `done` into ``work.partial`` with Ray tasks; journal each task.
 
-    from ..output import resume as journal_mod
-    from ..api import _write_metadata, executor_sizes
-    from ..checkpoint.writer import write_index
-
-    stats, plan = run_on_ray(plan, dest, device, budget, resume, measure, con, options, hub, address, executor_sizes(budget))
+    Returns merged :class:`RunStats` with a ``ray`` attribute for the report."""
+    ray = import_ray()
+    started = connect(ray, ctx.ray_address, ctx.info)
     try:
-        if len(plan.shard_names) > 1:
-            write_index(dest.partial, plan.outputs, plan.shard_names)
-        _write_metadata(plan, dest.partial, kv, options)
-    except OSError as exc:
-        raise DestinationError(f"{dest.partial}: finishing the output failed ({exc.strerror or exc}); free disk space "
-                               f"and rerun with --resume") from exc
-    journal_mod.remove_files(dest.partial)
-    shutil.rmtree(dest.path(".source-sidecars"), ignore_errors=True)
+        device = _pick_device(ray, ctx.ray_device or "auto")
+        nodes = _probe(ray, plan, work.partial, ctx.hub)
+        units = partition(plan)
+        uctx = ray_tasks.UnitContext(work.partial, device, ctx.budget, ctx.measure, ctx.hub,
+                                     executor_sizes=executor_sizes(ctx.budget), kernels=ctx.kernels)
+        results = _run_units(ray, plan, units, uctx, done, work.journal, ctx)
+    finally:
+        if started:
+            ray.shutdown()
+    stats = _merge([r.get("stats") for r in results.values()])
+    address = ctx.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+    stats.ray = {"address": address, "device": device, "nodes": nodes,
+                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
+                            | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
+                            for _, r in sorted(results.items())]}
     return stats
 
 
@@ -102,14 +107,14 @@ class _Progress:
 class _Bar:
     """The driver's progress bar over source bytes, refreshed from the actor without blocking."""
 
-    def __init__(self, ray, plan, con):
+    def __init__(self, ray, plan, run):
         from tqdm import tqdm
 
         self.ray, self.run = ray, uuid.uuid4().hex
         self.actor = ray.remote(num_cpus=0)(_Progress).options(name="quantize-progress", namespace="quantize",
                                                                get_if_exists=True, lifetime=None).remote()
         self.bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize (ray)",
-                        disable=con.quiet or not sys.stderr.isatty())
+                        disable=run.quiet or not sys.stderr.isatty())
         self._ask = None
 
     def refresh(self) -> None:
@@ -130,7 +135,7 @@ class _Bar:
             pass
 
 
-def connect(ray, address: str | None, con) -> bool:
+def connect(ray, address: str | None, say) -> bool:
     """Join the cluster at `address` (or ``RAY_ADDRESS``), or start a local instance. Returns
     True when this call started Ray (so the run shuts it down)."""
     if ray.is_initialized():
@@ -145,7 +150,7 @@ def connect(ray, address: str | None, con) -> bool:
         raise RayRunError(f"--executor ray: cannot connect to {where} ({type(exc).__name__}: {_first(exc)}); "
                           f"start the cluster (ray start --head) or fix --ray-address") from None
     res = ray.cluster_resources()
-    con.info(f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
+    say(f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
              f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
     return True
 
@@ -170,46 +175,6 @@ def _first(exc: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
-def run_on_ray(plan, dest, device: str, budget: int, resume: bool, measure: bool, con, options: dict, hub=None,
-               address: str | None = None, sizes: dict | None = None) -> tuple[RunStats, object]:
-    """Convert `plan` into ``dest.partial`` with Ray tasks; the caller writes the metadata and commits.
-
-    `hub`: ``(repo_id, revision, low_disk)`` when SRC is a Hub repo id (planned from its headers).
-    Returns merged :class:`RunStats` with a ``ray`` attribute for the report, and the plan whose
-    source names the sidecar files fetched from the Hub (a new plan; `plan` is never changed).
-    """
-    from ..output import resume as journal_mod
-
-    ray = import_ray()
-    started = connect(ray, address, con)
-    try:
-        device = _pick_device(ray, device)
-        earlier = dest.acquire(resume=resume)
-        fp = journal_mod.fingerprint(plan, options)
-        journaled = _read_journal(dest.partial, fp) if earlier else {}
-        if not earlier:
-            if resume:
-                con.info(f"--resume: no earlier work for {dest.dst}; starting from the beginning")
-            journal_mod.start(dest.partial, fp).close()
-        if hub:
-            plan = _hub_sidecars(plan, dest, hub)
-        nodes = _probe(ray, plan, dest.partial, hub)
-        units = partition(plan)
-        ctx = ray_tasks.UnitContext(dest.partial, device, budget, measure, hub, executor_sizes=sizes or {},
-                                    kernels=options.get("kernels", "auto"))
-        results = _run_units(ray, plan, units, ctx, journaled, dest.partial, con)
-        _check_shards(plan, dest.partial, results)
-    finally:
-        if started:
-            ray.shutdown()
-    stats = _merge([r.get("stats") for r in results.values()])
-    stats.ray = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "device": device, "nodes": nodes,
-                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
-                            | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
-                            for _, r in sorted(results.items())]}
-    return stats, plan
-
-
 def _pick_device(ray, device: str) -> str:
     gpus = ray.cluster_resources().get("GPU", 0)
     if device == "auto":
@@ -217,38 +182,6 @@ def _pick_device(ray, device: str) -> str:
     if device == "cuda" and not gpus:
         raise UsageError("--device cuda --executor ray: the Ray cluster has no GPUs; use --device cpu or auto")
     return device
-
-
-def _read_journal(folder: str, fp: str) -> dict[int, str]:
-    """Shard index -> CRC journaled by an earlier Ray run (its fingerprint must match)."""
-    from ..jsonfile import read_json_or_none
-    from ..output.resume import JOURNAL, STATE
-
-    state = read_json_or_none(os.path.join(folder, STATE)) or {}
-    if state.get("fingerprint") != fp:
-        raise DestinationError(f"{folder}: the earlier run used other options or another source (fingerprint differs); "
-                               f"rerun without --resume to start over")
-    done = {}
-    try:
-        with open(os.path.join(folder, JOURNAL)) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0].startswith(JOURNAL_PREFIX) and parts[0][len(JOURNAL_PREFIX):].isdigit():
-                    done[int(parts[0][len(JOURNAL_PREFIX):])] = parts[1]
-    except FileNotFoundError:
-        pass
-    return done
-
-
-def _hub_sidecars(plan, dest, hub):
-    """The small non-weight files of a Hub source, fetched by the driver (it writes the configs):
-    a new plan whose source is rooted where they are."""
-    from dataclasses import replace
-
-    from ..checkpoint.hub import hub_sidecars
-
-    side = dest.path(".source-sidecars")
-    return replace(plan, source=replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side)))
 
 
 def _probe(ray, plan, folder: str, hub) -> list[str]:
@@ -298,38 +231,48 @@ def _translate(ray, exc: BaseException, what: str) -> QuantizeError:
                        f"rerun with --resume once the cluster is healthy")
 
 
-def _run_units(ray, plan, units, ctx, journaled: dict[int, str], folder: str, con) -> dict[int, dict]:
-    """Submit the amax and shard tasks, journal each finished shard, drive the progress bar."""
-    from ..output.resume import Journal
+def _run_units(ray, plan, units, ctx, done: set[int], journal, run) -> dict[int, dict]:
+    """Submit the amax and shard tasks (none for a unit whose tasks are all done), journal each plan
+    task once every part of it is written, drive the progress bar."""
+    from . import checksum
 
     gpu = ctx.device == "cuda"
     task_opts = dict(num_cpus=1, num_gpus=1 if gpu else 0, max_retries=MAX_RETRIES, retry_exceptions=False)
-    bar = _Bar(ray, plan, con)
+    bar = _Bar(ray, plan, run)
+    bar.bar.update(sum(plan.tasks[i].bytes_in for i in done))
     ctx.progress = (bar.actor, bar.run)
+    todo = [u for u in units if any(i not in done for i, _ in u.tasks)]
     plan_ref = ray.put(plan)
     amax_task = ray.remote(ray_tasks.group_amax).options(num_cpus=1, max_retries=MAX_RETRIES)
-    amax_refs = {i: amax_task.remote(infos, ctx.hub) for i, infos in group_amax_sources(plan, units).items()}
+    amax_refs = {i: amax_task.remote(infos, ctx.hub) for i, infos in group_amax_sources(plan, todo).items() if i not in done}
     unit_task = ray.remote(ray_tasks.run_unit).options(**task_opts, scheduling_strategy="SPREAD")
-    pending = {unit_task.remote(plan_ref, u, ctx, journaled.get(u.shard), *(amax_refs[i] for i in u.needs_amax)): u
-               for u in units}
-    if journaled:
-        con.info(f"resuming: {len(journaled)} of {len(units)} shard(s) journaled; each is checked before it is kept")
-    journal = Journal(folder, truncate=False)
-    results: dict[int, dict] = {}
+    pending = {}
+    for u in todo:
+        unit_done = frozenset(k for k, (i, _) in enumerate(u.tasks) if i in done)
+        amaxes = [amax_refs[i] if i in amax_refs else None for i in u.needs_amax]
+        pending[unit_task.remote(plan_ref, u, ctx, unit_done, *amaxes)] = u
+    if done:
+        run.info(f"resuming: {len(units) - len(todo)} of {len(units)} shard(s) complete")
+    parts: dict[int, dict[str, str]] = {}
+    results: dict[int, dict] = {u.shard: {"shard": plan.shard_names[u.shard], "index": u.shard, "bytes_in": u.bytes_in,
+                                          "host": None, "node_id": None, "seconds": 0.0, "skipped": True}
+                                for u in units if u not in todo}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
             for ref in ready:
                 unit = pending.pop(ref)
                 results[unit.shard] = res = _get(ray, ref, f"shard {plan.shard_names[unit.shard]}")
-                journal.append(f"{JOURNAL_PREFIX}{unit.shard}", res["crc"])
+                for i, got in res["parts"].items():  # a task is journaled once all of its outputs are written
+                    parts.setdefault(i, {}).update(got)
+                    if set(parts[i]) == set(plan.tasks[i].outputs):
+                        journal.append(i, checksum.task_digest(parts.pop(i)))
             bar.refresh()
     except BaseException:
         _cancel(ray, list(pending))
         raise
     finally:
         bar.close()
-        journal.close()
     return results
 
 
@@ -344,23 +287,6 @@ def _cancel(ray, refs) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=10)
     except Exception:  # noqa: BLE001
         pass
-
-
-def _check_shards(plan, folder: str, results: dict[int, dict]) -> None:
-    """Before committing: every shard is journaled, has its planned size and header, seen from here."""
-    for shard, name in enumerate(plan.shard_names):
-        path = os.path.join(folder, name)
-        header, size = ray_tasks.shard_size(plan, shard)
-        try:
-            ok = shard in results and os.path.getsize(path) == size
-            if ok:
-                with open(path, "rb") as f:
-                    ok = f.read(len(header)) == header
-        except OSError:
-            ok = False
-        if not ok:
-            raise DestinationError(f"{path}: missing, short or with a wrong header after its task finished; the storage "
-                                   f"is not shared or not consistent between nodes; rerun with --resume")
 
 
 def _merge(parts) -> RunStats:
@@ -380,4 +306,4 @@ def _merge(parts) -> RunStats:
     return out
 
 
-__all__ = ["execute", "check_options", "run_on_ray", "check_device", "import_ray", "RayRunError", "connect"]
+__all__ = ["produce", "check_options", "check_device", "import_ray", "RayRunError", "connect"]

@@ -4,7 +4,7 @@ Each function is plain Python taking plain data (the plan, a :class:`~.partition
 tests can call them directly; ``ray_executor`` wraps them with ``ray.remote`` on the driver. A
 shard unit reuses the local pieces whole: :class:`~quantize_cli.run.execute.Executor` (its read, compute and write
 stages; the driver's amax for groups split across shards), :class:`~quantize_cli.checkpoint.writer.ShardWriter`
-(header first, writes at planned offsets) and the resume CRCs of :mod:`quantize_cli.output.resume`.
+(header first, writes at planned offsets) and the per-output digests the driver journals.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..checkpoint.safetensors_io import TensorInfo
-from ..checkpoint.writer import ShardWriter, shard_header
+from ..checkpoint.writer import ShardWriter
 from ..errors import DestinationError, SourceError
-from .execute import Executor, raise_non_finite, read_rows
+from .execute import Executor, raise_non_finite
+from ..modules.experts import read_rows
 from .schedule import Schedule
 from ..schemes.numerics import abs_max
-from ..output.resume import _crc_on_disk
 from .partition import ShardUnit
 
 AMAX_CHUNK = 256 << 20  # source bytes per read when computing a split group's amax
@@ -162,37 +162,6 @@ def group_amax(infos: list[TensorInfo], hub=None) -> torch.Tensor:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def unit_crc(parts: dict[int, str]) -> str:
-    """One digest for a shard: over its tasks' digests (each as :class:`~quantize_cli.run.pipeline.AsyncWriter` computes it)."""
-    from . import checksum
-
-    return checksum.task_digest({str(i): d for i, d in parts.items()})
-
-
-def shard_size(plan, shard: int) -> tuple[bytes, int]:
-    """The planned header bytes and file size of output shard `shard`."""
-    tensors = sorted((o for o in plan.outputs.values() if o.shard == shard), key=lambda o: o.offset)
-    header = shard_header(tensors)
-    return header, len(header) + sum(t.nbytes for t in tensors)
-
-
-def crc_on_disk(plan, unit: ShardUnit, folder: str) -> str | None:
-    """The unit's CRC as the bytes now on disk give it, or None if the shard is missing or short."""
-    path = os.path.join(folder, plan.shard_names[unit.shard])
-    header, size = shard_size(plan, unit.shard)
-    try:
-        if os.path.getsize(path) != size:
-            return None
-        with open(path, "rb") as f:
-            if f.read(len(header)) != header:
-                return None
-    except OSError:
-        return None
-    writer = ShardWriter(folder, plan.outputs, plan.shard_names, only={unit.shard})
-    writer._data_start[unit.shard] = len(header)
-    return unit_crc({k: _crc_on_disk(writer, list(t.outputs)) for k, (_, t) in enumerate(unit.tasks)})
-
-
 class _Progress:
     """Batches consumed-byte counts into occasional fire-and-forget actor calls."""
 
@@ -231,47 +200,45 @@ def _lock(path: str) -> int:
             time.sleep(0.2)
 
 
-def run_unit(plan, unit: ShardUnit, ctx: UnitContext, expected_crc: str | None = None, *amax_values: torch.Tensor) -> dict:
-    """Write output shard ``unit.shard`` into ``ctx.folder``; return its CRC and where/how fast.
+def run_unit(plan, unit: ShardUnit, ctx: UnitContext, unit_done: frozenset = frozenset(), *amax_values) -> dict:
+    """Write output shard ``unit.shard`` into ``ctx.folder``; return the digest of every output tensor
+    written, per plan task (``parts``), and where/how fast.
 
+    `unit_done`: indices into ``unit.tasks`` already complete (resume: their bytes are kept).
     `amax_values`: the shared amax of each group in ``unit.needs_amax``, in that order (top-level
-    arguments, so Ray resolves them and starts the task once they exist). With `expected_crc`
-    (resume) the shard on disk is checked first and kept when it matches.
-    """
-    amaxes = dict(zip(unit.needs_amax, amax_values))
+    arguments, so Ray resolves them and starts the task once they exist; None for a done task)."""
+    amaxes = {i: a for i, a in zip(unit.needs_amax, amax_values) if a is not None}
     t0 = time.perf_counter()
     name = plan.shard_names[unit.shard]
-    where = node_identity()
-    result = {"shard": name, "index": unit.shard, "bytes_in": unit.bytes_in, **where}
+    result = {"shard": name, "index": unit.shard, "bytes_in": unit.bytes_in, **node_identity()}
     lock = _lock(os.path.join(ctx.folder, name))
     try:
-        if expected_crc is not None and crc_on_disk(plan, unit, ctx.folder) == expected_crc:
-            return {**result, "crc": expected_crc, "skipped": True, "seconds": time.perf_counter() - t0}
-        stats, crc = _write_unit(plan, unit, amaxes, ctx)
+        stats, parts = _write_unit(plan, unit, amaxes, ctx, unit_done)
     finally:
         os.close(lock)
-    seconds = time.perf_counter() - t0
-    return {**result, "crc": crc, "skipped": False, "seconds": seconds, "stats": stats}
+    return {**result, "parts": parts, "skipped": False, "seconds": time.perf_counter() - t0, "stats": stats}
 
 
-def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext):
-    from ..api import _quantize_fn, Console
-    from ..formats.ct_exclusions import is_ct
+def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext, unit_done: frozenset):
+    from .kernel_choice import quantize_fn
 
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")
     writer = ShardWriter(ctx.folder, plan.outputs, plan.shard_names, only={unit.shard})
     fixed = {m.module: amaxes[i] for i, t in unit.tasks if i in amaxes for m in t.members}
-    parts: dict[int, str] = {}
+    index_of = [i for i, _ in unit.tasks]  # unit task k -> plan task index
+    parts: dict[int, dict[str, str]] = {}
     progress = _Progress(ctx.progress, unit.shard)
     unit_plan = replace(plan, tasks=[t for _, t in unit.tasks])
     sizes = ctx.executor_sizes
-    reads = Schedule(unit_plan, **sizes).reads(unit_plan.tasks)
+    reads = Schedule(unit_plan, **sizes).reads(t for k, t in enumerate(unit_plan.tasks) if k not in unit_done)
     resolver, scratch = _resolver(ctx.hub, reads)
     # The local executor's stages, with the shared amax of split groups supplied by the driver.
-    executor = Executor(unit_plan, writer, device, **sizes, quantize_fn=_quantize_fn(device, Console(quiet=True), ctx.kernels, is_ct(plan.scheme)),
-                        measure_error=ctx.measure, progress=progress, on_task_written=parts.__setitem__,
+    executor = Executor(unit_plan, writer, device, **sizes,
+                        quantize_fn=quantize_fn(ctx.kernels, device, None, plan.format.reference_math_only),
+                        measure_error=ctx.measure, progress=progress, done=unit_done,
+                        on_task_parts=lambda k, got: parts.__setitem__(index_of[k], got),
                         resolver=resolver, fixed_amax=fixed, process_budget=ctx.budget)  # the task process's own memory counts
-    writer.open(fresh=True)
+    writer.open(fresh=not unit_done)
     try:
         stats = executor.run()
         writer.close(sync=True)
@@ -280,7 +247,7 @@ def _write_unit(plan, unit: ShardUnit, amaxes, ctx: UnitContext):
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     progress.finish()
-    return stats, unit_crc(parts)
+    return stats, parts
 
 
-__all__ = ["UnitContext", "probe", "group_amax", "run_unit", "crc_on_disk", "unit_crc", "shard_size"]
+__all__ = ["UnitContext", "probe", "group_amax", "run_unit"]

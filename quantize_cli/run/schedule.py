@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..plan.experts import ViewedTensor
+from ..modules.experts import ViewedTensor
 from .pipeline import Read
 from ..plan.build import Member, Plan, Task
 

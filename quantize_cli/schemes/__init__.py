@@ -1,8 +1,14 @@
-"""Quantization schemes: pure torch references, one per algorithm, looked up by CLI name."""
+"""Quantization schemes: pure torch references, one per algorithm, looked up by CLI name.
+
+The algorithm facts (names, ModelOpt's quant_algo, static or dynamic activations, shared amax,
+group size) come from the one table, ``algorithms.ALGORITHMS``; this registry adds which numerics
+class computes each. These are the ModelOpt format's schemes (its tensor layout is the reference
+layout); compressed-tensors has its own (formats/compressed_tensors.py).
+"""
 
 from __future__ import annotations
 
-from ..algorithms import ALGOS, FP8_BLOCK, MX_BLOCK, NVFP4_GROUP, QUANT_ALGO, algo_of_quant_algo, canonical_algo
+from ..algorithms import ALGORITHMS, ALGOS, FP8_BLOCK, algo_of_quant_algo, canonical_algo, static_input_scale
 from ..errors import UsageError
 from .base import Scheme
 from .fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
@@ -10,26 +16,26 @@ from .int8 import Int8PerChannel
 from .mxfp8 import Mxfp8
 from .nvfp4 import Nvfp4
 
-# Calibration-free activation scales (ModelOpt's convention, activation amax = 448):
-# FP8 input_scale = 448 / 448, NVFP4 input_scale = 448 / (6 * 448).
-FP8_STATIC_INPUT_SCALE = 1.0
-NVFP4_STATIC_INPUT_SCALE = 1.0 / 6.0
-
-SCHEMES: dict[str, Scheme] = {
-    s.algo: s
-    for s in (
-        Fp8PerTensor("FP8", QUANT_ALGO["FP8"], shares_global_amax=True, static_input_scale=FP8_STATIC_INPUT_SCALE),
-        # vLLM's ModelOptFp8MoEMethod takes only per-tensor scales: no MoE for these two (spec §5).
-        Fp8PerChannel("FP8_PER_CHANNEL_PER_TOKEN", QUANT_ALGO["FP8_PER_CHANNEL_PER_TOKEN"], moe_served=False),
-        Fp8Block("FP8_PB_WO", QUANT_ALGO["FP8_PB_WO"], row_align=FP8_BLOCK, moe_served=False),
-        Nvfp4("NVFP4", QUANT_ALGO["NVFP4"], shares_global_amax=True, static_input_scale=NVFP4_STATIC_INPUT_SCALE,
-              group_size=NVFP4_GROUP),
-        Nvfp4("W4A16_NVFP4", QUANT_ALGO["W4A16_NVFP4"], shares_global_amax=True, group_size=NVFP4_GROUP),
-        Int8PerChannel("INT8", QUANT_ALGO["INT8"]),
-        Mxfp8("MXFP8", QUANT_ALGO["MXFP8"], group_size=MX_BLOCK),
-    )
+# algo -> (numerics class, its own keywords)
+_CLASSES = {
+    "FP8": (Fp8PerTensor, {}),
+    "FP8_PER_CHANNEL_PER_TOKEN": (Fp8PerChannel, {}),
+    "FP8_PB_WO": (Fp8Block, {"row_align": FP8_BLOCK}),
+    "NVFP4": (Nvfp4, {}),
+    "W4A16_NVFP4": (Nvfp4, {}),
+    "INT8": (Int8PerChannel, {}),
+    "MXFP8": (Mxfp8, {}),
 }
-assert tuple(SCHEMES) == ALGOS  # one list of algorithms (algorithms.py)
+
+
+def _scheme(algo: str) -> Scheme:
+    a = ALGORITHMS[algo]
+    cls, extra = _CLASSES[algo]
+    return cls(algo, a.quant_algo, shares_global_amax=a.shares_global_amax, group_size=a.group_size,
+               static_input_scale=static_input_scale(algo) if a.static else None, **extra)
+
+
+SCHEMES: dict[str, Scheme] = {algo: _scheme(algo) for algo in ALGOS}
 
 
 def get_scheme(algo: str) -> Scheme:

@@ -42,7 +42,6 @@ class Scheme:
             algorithms (ModelOpt's convention: activation amax 448), or None when none is written.
         group_size: the quantization group written in the configs (NVFP4: 16), else None.
         row_align: row chunks passed to :meth:`quantize` must be multiples of this.
-        moe_served: vLLM's ModelOpt MoE path can load experts in this format.
     """
 
     algo: str
@@ -51,7 +50,6 @@ class Scheme:
     static_input_scale: float | None = None
     group_size: int | None = None
     row_align: int = 1
-    moe_served: bool = True
 
     def shape_problem(self, shape: tuple[int, ...]) -> str | None:
         """Why a weight of `shape` cannot be quantized with this scheme, or None if it can."""
@@ -93,9 +91,9 @@ class Scheme:
         ModelOpt: fp32 0-d ``input_scale = amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4)."""
         import torch
 
-        from ..algorithms import E2M1_MAX, E4M3_MAX
+        from ..algorithms import ALGORITHMS
 
-        bound = E4M3_MAX * E2M1_MAX if self.algo == "NVFP4" else E4M3_MAX
+        bound = ALGORITHMS[self.algo].activation_bound
         return {"input_scale": torch.tensor(amax, dtype=torch.float32) / torch.tensor(bound, dtype=torch.float32)}
 
     @property

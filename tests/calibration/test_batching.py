@@ -10,7 +10,7 @@ import torch
 from quantize_cli.calibration import calibrate, forward, hooks, offload_decision
 from quantize_cli.checkpoint.source import open_source
 from quantize_cli.errors import UsageError
-from quantize_cli.plan.recipe import load_recipe
+from quantize_cli.modules.recipe import load_recipe
 from tests.calibration import builders
 
 # two lengths: the three 10-token samples share a batch, the two 6-token ones another, the 4-token one runs alone

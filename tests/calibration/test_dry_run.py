@@ -8,6 +8,7 @@ import os
 import pytest
 
 from quantize_cli import api
+from tests.conftest import convert
 from quantize_cli.calibration import forward
 from quantize_cli.errors import CalibrationError, SourceError
 from tests.calibration import builders
@@ -29,7 +30,7 @@ def _data(tmp_path, lines: bytes) -> str:
 
 def test_dry_run_checks_and_reports_without_forward(tmp_path, capsys, no_forward):
     src = builders.llama(str(tmp_path / "src"))
-    res = api.convert(src, None, algo="NVFP4", device="cpu", dry_run=True, calib_data="default", calib_seq_len=32)
+    res = convert(src, None, algo="NVFP4", device="cpu", dry_run=True, calib_data="default", calib_seq_len=32)
     err = capsys.readouterr().err
     line = next(x for x in err.splitlines() if x.startswith("dry run: would calibrate"))
     assert "(llama, 3 blocks, one at a time on cpu)" in line and "at most 32 each" in line and "no forward run" in line
@@ -41,13 +42,13 @@ def test_dry_run_checks_and_reports_without_forward(tmp_path, capsys, no_forward
 def test_dry_run_refuses_bad_data_and_unknown_architecture(tmp_path, no_forward):
     src = builders.llama(str(tmp_path / "src"))
     with pytest.raises(CalibrationError, match="outside the model's vocabulary"):
-        api.convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True,
+        convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True,
                     calib_data=_data(tmp_path, b'{"input_ids": [1, 2, 99999]}\n'))
     with pytest.raises(CalibrationError, match="line 1: not valid JSON"):
-        api.convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True, calib_data=_data(tmp_path, b"{oops\n"))
+        convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True, calib_data=_data(tmp_path, b"{oops\n"))
     cfg = json.load(open(os.path.join(src, "config.json")))
     cfg["model_type"] = "my_secret_arch"
     json.dump(cfg, open(os.path.join(src, "config.json"), "w"))
     with pytest.raises(SourceError, match="model_type 'my_secret_arch'"):
-        api.convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True,
+        convert(src, None, algo="FP8", device="cpu", quiet=True, dry_run=True,
                     calib_data=_data(tmp_path, b'{"input_ids": [1, 2, 3]}\n'))

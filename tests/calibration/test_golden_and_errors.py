@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from quantize_cli import api
+from tests.conftest import convert
 from quantize_cli.errors import CalibrationError, QuantizeError, SourceError, UsageError
 from tests.calibration import builders
 from tests.conftest import golden_checkpoint, load_all
@@ -29,7 +30,7 @@ def golden_scales(tmp_path_factory):
 def test_input_scales_match_modelopt(tmp_path, golden_scales, algo):
     """ModelOpt calibrated its export on calibration.jsonl: ours agree within 1% (bf16 forward only)."""
     dst = str(tmp_path / "out")
-    api.convert(golden_checkpoint("tiny-llama"), dst, algo=algo, device="cpu", quiet=True, act_scales=golden_scales)
+    convert(golden_checkpoint("tiny-llama"), dst, algo=algo, device="cpu", quiet=True, act_scales=golden_scales)
     ours, theirs = load_all(dst), load_all(golden_checkpoint(f"tiny-llama-{algo}"))
     names = [k for k in theirs if k.endswith("input_scale")]
     assert len(names) == 14
@@ -39,7 +40,7 @@ def test_input_scales_match_modelopt(tmp_path, golden_scales, algo):
 
 
 def _convert(tmp_path, src, **kw):
-    return api.convert(src, str(tmp_path / "out"), algo="FP8", device="cpu", quiet=True, **kw)
+    return convert(src, str(tmp_path / "out"), algo="FP8", device="cpu", quiet=True, **kw)
 
 
 def _write(tmp_path, name, content: bytes) -> str:
@@ -125,14 +126,14 @@ def test_unknown_architecture_refused_but_data_free_works(tmp_path):
 
 
 def test_dynamic_algorithms_ignore_calibration(tmp_path, capsys):
-    api.convert(golden_checkpoint("tiny-llama"), str(tmp_path / "o"), algo="FP8_PB_WO", device="cpu", calib_data=CALIB)
+    convert(golden_checkpoint("tiny-llama"), str(tmp_path / "o"), algo="FP8_PB_WO", device="cpu", calib_data=CALIB)
     assert "--calib-data is ignored" in capsys.readouterr().err
 
 
 def test_default_data_on_encoder_and_check_cli(tmp_path):
     """`--calib-data default` tokenizes the shipped text with the checkpoint's tokenizer (BERT encoder)."""
     src = builders.bert(str(tmp_path / "bert"))
-    res = api.convert(src, str(tmp_path / "out"), algo="NVFP4", device="cpu", quiet=True, calib_data="default",
+    res = convert(src, str(tmp_path / "out"), algo="NVFP4", device="cpu", quiet=True, calib_data="default",
                       calib_samples=2, calib_seq_len=16)
     cal = res.report["calibration"]
     assert cal["data"]["spec"] == "default" and cal["data"]["samples"] == 2 and cal["data"]["tokens"] == 32
@@ -143,12 +144,12 @@ def test_default_data_on_encoder_and_check_cli(tmp_path):
 BASE_ONLY = r"""
 import sys
 sys.modules["transformers"] = None  # importing it now raises ImportError
-from quantize_cli import api
+from quantize_cli.api import ConvertOptions, convert
 from quantize_cli.errors import CalibrationError
-api.convert(sys.argv[1], sys.argv[2], algo="NVFP4", device="cpu", quiet=True)
+convert(ConvertOptions(sys.argv[1], sys.argv[2], algo="NVFP4", device="cpu", quiet=True))
 assert "transformers" not in [m for m in sys.modules if sys.modules[m] is not None]
 try:
-    api.convert(sys.argv[1], sys.argv[2] + "-c", algo="NVFP4", device="cpu", quiet=True, calib_data=sys.argv[3])
+    convert(ConvertOptions(sys.argv[1], sys.argv[2] + "-c", algo="NVFP4", device="cpu", quiet=True, calib_data=sys.argv[3]))
 except CalibrationError as e:
     print(e.message)
 """

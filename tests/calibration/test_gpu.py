@@ -7,7 +7,7 @@ import torch
 
 from quantize_cli.calibration import calibrate, hooks
 from quantize_cli.checkpoint.source import open_source
-from quantize_cli.plan.recipe import load_recipe
+from quantize_cli.modules.recipe import load_recipe
 from tests.calibration import builders
 from tests.calibration.test_streamed import SAMPLES, _jsonl
 

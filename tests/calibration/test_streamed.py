@@ -8,10 +8,11 @@ import os
 import pytest
 import torch
 
+from tests.conftest import convert
 from quantize_cli import api
 from quantize_cli.calibration import calibrate, hooks, load
 from quantize_cli.checkpoint.source import open_source
-from quantize_cli.plan.recipe import load_recipe
+from quantize_cli.modules.recipe import load_recipe
 from tests.calibration import builders
 from tests.conftest import load_all, same_bytes
 
@@ -77,9 +78,9 @@ def _scale_tensors(folder):
 def test_scales_written_shared_and_round_trip(tmp_path, algo, bound):
     folder = builders.llama(str(tmp_path / "src"))
     data = _jsonl(tmp_path / "c.jsonl")
-    a = api.convert(folder, str(tmp_path / "a"), algo=algo, device="cpu", quiet=True, calib_data=data, kv_cache_dtype="fp8")
+    a = convert(folder, str(tmp_path / "a"), algo=algo, device="cpu", quiet=True, calib_data=data, kv_cache_dtype="fp8")
     doc = api.calibrate(folder, calib_data=data, output=str(tmp_path / "s.json"), device="cpu", quiet=True)
-    api.convert(folder, str(tmp_path / "b"), algo=algo, device="cpu", quiet=True, act_scales=str(tmp_path / "s.json"), kv_cache_dtype="fp8")
+    convert(folder, str(tmp_path / "b"), algo=algo, device="cpu", quiet=True, act_scales=str(tmp_path / "s.json"), kv_cache_dtype="fp8")
     ta, tb = load_all(tmp_path / "a"), load_all(tmp_path / "b")
     assert ta.keys() == tb.keys() and all(same_bytes(ta[k], tb[k]) for k in ta)  # --act-scales == --calib-data, byte for byte
     for i in range(3):
@@ -100,14 +101,14 @@ def test_scales_written_shared_and_round_trip(tmp_path, algo, bound):
     from quantize_cli.verify import verify_checkpoint
 
     assert verify_checkpoint(str(tmp_path / "a")).input_scales.startswith("calibrated for 21 module(s)")
-    api.convert(folder, str(tmp_path / "c"), algo=algo, device="cpu", quiet=True)  # data-free: the constant, said so
+    convert(folder, str(tmp_path / "c"), algo=algo, device="cpu", quiet=True)  # data-free: the constant, said so
     assert verify_checkpoint(str(tmp_path / "c")).input_scales.startswith("constant")
 
 
 def test_moe_experts_without_tokens_take_layer_max(tmp_path):
     folder = builders.qwen3_moe(str(tmp_path / "src"))
     data = _jsonl(tmp_path / "c.jsonl", [[7]])  # one token, top-2: six of eight experts see nothing
-    res = api.convert(folder, str(tmp_path / "o"), algo="FP8", device="cpu", quiet=True, calib_data=data)
+    res = convert(folder, str(tmp_path / "o"), algo="FP8", device="cpu", quiet=True, calib_data=data)
     cal = res.plan.act_scales
     layer0 = [n for n in cal.no_tokens if n.startswith("model.layers.0.")]
     assert len(layer0) == 6 * 3  # gate, up, down of six experts

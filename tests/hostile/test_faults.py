@@ -98,13 +98,17 @@ def test_disk_full_then_space_freed_converts(tmp_path, src, monkeypatch):
 
 
 def test_metadata_write_failure_leaves_no_destination(tmp_path, src, monkeypatch):
-    """ENOSPC while writing config.json (api._write_metadata): exit 1, no traceback, no DST."""
-    import quantize_cli.api as api
+    """ENOSPC while writing config.json (WorkFolder.finish): exit 1, no traceback, no DST."""
+    import quantize_cli.output.workfolder as workfolder
 
-    def fail(*a, **k):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real = workfolder.write_atomic
 
-    monkeypatch.setattr(api, "output_config", fail)
+    def fail(path, data):
+        if path.endswith("config.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data)
+
+    monkeypatch.setattr(workfolder, "write_atomic", fail)
     r = convert(src, tmp_path / "out")
     assert r.exit_code == 1 and "Traceback" not in r.output and "error: " in r.stderr
     assert_no_finished_dst(tmp_path / "out")

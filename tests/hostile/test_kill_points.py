@@ -15,6 +15,8 @@ import threading
 
 import pytest
 
+from tests.conftest import convert
+
 from tests.conftest import output_files
 
 import quantize_cli.api as api
@@ -51,7 +53,9 @@ def _die_at_write(monkeypatch, n: int) -> None:
     monkeypatch.setattr(ShardWriter, "write_bytes", write_bytes)
     # no cleanup of any kind, as after SIGKILL; the kernel drops the flock with the descriptor
     monkeypatch.setattr(Destination, "discard", lambda self: self.release())
-    monkeypatch.setattr(api, "_keep_for_resume", lambda dest, con: dest.release())
+    import quantize_cli.output.workfolder as workfolder
+
+    monkeypatch.setattr(workfolder.WorkFolder, "keep_for_resume", lambda self, say, exc=None: self.dest.release())
 
 
 def test_death_at_twelve_random_write_points_then_resume_is_byte_identical(tmp_path, src, monkeypatch):
@@ -59,7 +63,7 @@ def test_death_at_twelve_random_write_points_then_resume_is_byte_identical(tmp_p
     count = [0]
     real = ShardWriter.write_bytes
     monkeypatch.setattr(ShardWriter, "write_bytes", lambda self, *a, **k: (count.__setitem__(0, count[0] + 1), real(self, *a, **k))[1])
-    api.convert(src, str(ref), algo="NVFP4", quiet=True, max_shard_size="100KB")
+    convert(src, str(ref), algo="NVFP4", quiet=True, max_shard_size="100KB")
     monkeypatch.undo()
     total = count[0]
     expected = _files(ref)
@@ -68,12 +72,12 @@ def test_death_at_twelve_random_write_points_then_resume_is_byte_identical(tmp_p
         dst = tmp_path / f"out-{n}"
         _die_at_write(monkeypatch, n)
         with pytest.raises(Killed):
-            api.convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", memory_budget="1MB")
+            convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", memory_budget="1MB")
         monkeypatch.undo()
         assert not dst.exists() and (tmp_path / f".out-{n}.partial").is_dir()
-        api.convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", resume=True)
+        convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", resume=True)
         assert _files(dst) == expected, f"died at write {n} of {total}"
-        again = api.convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", resume=True)
+        again = convert(src, str(dst), algo="NVFP4", quiet=True, max_shard_size="100KB", resume=True)
         assert again.report["status"] == "already-complete"
     assert len(points) >= 10
 
@@ -87,7 +91,7 @@ def test_two_converts_racing_for_one_dst(tmp_path, src):
     def run():
         barrier.wait()
         try:
-            results.append(api.convert(src, dst, algo="FP8", quiet=True, memory_budget="1MB"))
+            results.append(convert(src, dst, algo="FP8", quiet=True, memory_budget="1MB"))
         except DestinationError as exc:
             results.append(exc)
 

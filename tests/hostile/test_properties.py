@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
-from quantize_cli.plan.matching import MixedFusedShards, vllm_is_excluded, vllm_rewrite
+from quantize_cli.modules.matching import MixedFusedShards, vllm_is_excluded, vllm_rewrite
 
 from .helpers import invoke
 

@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import output_files
 import torch
 
-import quantize_cli.output.resume as resume_mod
-from quantize_cli.api import convert, unpack
+import quantize_cli.output.workfolder as workfolder_mod
+from quantize_cli.api import unpack
+from tests.conftest import convert
 from quantize_cli.output.destination import Destination
 from quantize_cli.checkpoint.safetensors_io import read_header
 from quantize_cli.errors import CheckFailed, DestinationError, NumericsError, SourceError
@@ -97,7 +98,7 @@ def test_low_disk_resume_after_the_branch_moved_is_refused(fake_hub, tmp_path, m
         convert("someone/tiny-llama", str(tmp_path / "out"), algo="FP8", quiet=True, low_disk=True)
     restore()
     state["sha"] = "c" * 40  # main now points at another commit
-    with pytest.raises(DestinationError, match="other options or another source"):
+    with pytest.raises(DestinationError, match="the interrupted run there used the source"):
         convert("someone/tiny-llama", str(tmp_path / "out"), algo="FP8", quiet=True, low_disk=True, resume=True)
 
 
@@ -239,33 +240,41 @@ def test_every_output_file_is_fsynced_before_the_rename(src, tmp_path, monkeypat
 
 
 def test_resume_state_is_replaced_atomically(tmp_path, monkeypatch):
-    (tmp_path / resume_mod.STATE).write_text('{"fingerprint": "old"}')
+    """The work folder's identity record goes through the one atomic writer: a crash mid-write leaves
+    the old state whole, a completed write replaces it whole."""
+    from quantize_cli.checkpoint import durable
+    from quantize_cli.api import prepare
+    from quantize_cli.output.identity import RunIdentity
+    from quantize_cli.plan.options import ConvertOptions
 
-    def torn(doc):  # the process dies while the new state is being written
+    src = "example:tiny-llama"
+    plan = prepare(src, "FP8")
+    identity = RunIdentity.of(ConvertOptions(src, str(tmp_path / "out"), algo="FP8"), plan)
+    work = workfolder_mod.WorkFolder(str(tmp_path / "out"))
+    state = os.path.join(work.partial, workfolder_mod.STATE)
+    os.makedirs(work.partial)
+    open(state, "w").write('{"run": "old"}')
+    real_write = durable.os.fsync
+
+    def torn(fd):  # the process dies while the new state is being written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(resume_mod.json, "dumps", torn)
+    monkeypatch.setattr(durable.os, "fsync", torn)
     with pytest.raises(OSError):
-        resume_mod.start(str(tmp_path), "new")
-    assert json.loads((tmp_path / resume_mod.STATE).read_text()) == {"fingerprint": "old"}
-    monkeypatch.undo()
-
-    real_replace = os.replace
-    written = []
-
-    def replace(a, b):
-        written.append(open(a).read())
-        return real_replace(a, b)
-
-    monkeypatch.setattr(os, "replace", replace)
-    resume_mod.start(str(tmp_path), "new").close()
-    assert written and json.loads(written[0])["fingerprint"] == "new"
+        work.open(identity, plan, resume=False)
+    work.dest.release()
+    monkeypatch.setattr(durable.os, "fsync", real_write)
+    assert not os.path.exists(state) or json.loads(open(state).read()) == {"run": "old"}  # never a torn file
+    assert not [f for f in os.listdir(work.partial) if ".tmp-" in f]
+    work.open(identity, plan, resume=False)
+    assert json.loads(open(state).read())["run"] == identity.record()
+    work.discard()
 
 
 # -- --verify failing keeps the output for inspection ----------------------------------------------------------
 def test_verify_failure_keeps_the_output_beside_dst(src, tmp_path, monkeypatch):
     import quantize_cli.verify as verify_mod
-    from quantize_cli.plan.validate import ERROR, Finding
+    from quantize_cli.problems import ERROR, Finding
 
     real = verify_mod.verify_checkpoint
 

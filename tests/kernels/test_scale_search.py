@@ -14,7 +14,7 @@ from kernel_helpers import assert_same, reference, weight
 
 from quantize_cli import kernels
 from quantize_cli.schemes import SCHEMES
-from quantize_cli.schemes.search import with_scale_search
+from quantize_cli.schemes.searched import with_scale_search
 
 SEARCHED = {a: with_scale_search(SCHEMES[a], "mse") for a in ("INT8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "W4A16_NVFP4", "NVFP4")}
 CASES = [

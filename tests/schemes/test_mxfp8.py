@@ -33,7 +33,7 @@ def test_golden(case):
 
 def test_outputs_and_config_names():
     assert get_scheme("mxfp8") is MXFP8
-    assert MXFP8.quant_algo == "MXFP8" and MXFP8.group_size == 32 and MXFP8.moe_served
+    assert MXFP8.quant_algo == "MXFP8" and MXFP8.group_size == 32
     assert MXFP8.outputs((64, 96)) == {"weight": ("F8_E4M3", (64, 96)), "weight_scale": ("U8", (64, 3))}
     assert MXFP8.shape_problem((64, 96)) is None
     assert "divisible by 32" in MXFP8.shape_problem((64, 48))

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from quantize_cli.errors import UsageError
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import unpack_nibbles, e2m1_values
-from quantize_cli.schemes.search import NVFP4_SHIFT, ROW_SHIFT, Searched, with_scale_search
+from quantize_cli.schemes.search import NVFP4_SHIFT, ROW_SHIFT
+from quantize_cli.schemes.searched import Searched, with_scale_search
 from tests.conftest import assert_same_bytes, golden_case
 
 ALGOS = ("INT8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "W4A16_NVFP4")

@@ -184,3 +184,18 @@ def fused_groups(mods: dict[str, Module], recipe: Recipe) -> dict[str, list[Modu
 def natural_key(name: str) -> list:
     """Sort key putting ``layers.2`` before ``layers.10``."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# The order in which a decoder's modules are defined (ModelOpt lists layers in the model's
+# named_modules() order, which also numbers the config groups): attention before the MLP,
+# projections q, k, v, o, then gate, up, down; a MoE block's experts before its shared expert.
+_DEFINITION_RANK = {name: i for i, name in enumerate((
+    "self_attn", "attn", "attention", "mlp", "block_sparse_moe", "feed_forward",
+    "q_proj", "q_a_proj", "q_b_proj", "k_proj", "v_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+    "gate", "experts", "shared_expert", "shared_experts", "gate_proj", "w1", "up_proj", "w3", "down_proj", "w2"))}
+
+
+def definition_order(name: str) -> tuple:
+    """Sort key: numbers numerically, known components in definition order, others by name."""
+    return tuple((0, int(c), "") if c.isdigit() else (1, _DEFINITION_RANK.get(c, len(_DEFINITION_RANK)), c)
+                 for c in name.split("."))

@@ -167,3 +167,24 @@ def read_virtual(info: TensorInfo) -> torch.Tensor:
     from ..checkpoint.safetensors_io import read_tensor
 
     return info.apply(read_tensor(info.slab)) if isinstance(info, ViewedTensor) else read_tensor(info)
+
+
+def read_rows(info: TensorInfo, start: int, count: int, pin: bool = False) -> torch.Tensor:
+    """Rows ``[start, start+count)`` of a source tensor into a new (pinned) CPU tensor.
+
+    A :class:`ViewedTensor` (a transposed expert slice) reads its whole slab and takes the view.
+    """
+    import torch
+
+    from ..checkpoint.safetensors_io import byte_view, read_bytes_into, read_tensor, torch_dtype
+
+    if isinstance(info, ViewedTensor):
+        t = info.apply(read_tensor(info.slab))[start : start + count]
+        return t.pin_memory() if pin else t
+    if not info.shape:
+        return read_tensor(info)
+    row = info.nbytes // max(info.shape[0], 1)
+    buf = torch.empty(count * row, dtype=torch.uint8, pin_memory=pin)
+    if buf.numel():
+        read_bytes_into(info, byte_view(buf), start * row, count * row)
+    return buf.view(torch_dtype(info.dtype)).reshape((count,) + tuple(info.shape[1:]))

@@ -1,0 +1,266 @@
+"""``quantize convert`` from start to end: the table of contents of a conversion.
+
+    check_options        every usage error, nothing read (plan/steps.py)
+    preflight            DST, --report's path, --push-to-hub: refused before anything is read
+    make_plan            SRC's headers (calibration first when asked) -> the Plan (plan/)
+    raise_problems       every problem at once, before a byte is read
+    RunIdentity.of       what decides the bytes (output/identity.py)
+    WorkFolder.open      the lock, the work folder, --resume's verified tasks (output/workfolder.py)
+    executor.produce     the bytes: local (run/local.py) or Ray (run/ray_executor.py), the same way
+    WorkFolder.finish    shards checked, index, the format's documents, sidecars
+    --verify             the work folder read back as a loader would (refused: DST never appears)
+    card, seal, commit   the model card, the identity and digests, the rename to DST
+    follow-ups           the report, --push-to-hub
+
+A ``--resume`` of a finished DST replaces open..commit by ``WorkFolder.confirm_finished`` and runs
+the same follow-ups (--verify included), so a CI retry whose push failed pushes now.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from . import __version__  # noqa: F401  (the report names it)
+from .checkpoint.durable import write_json
+from .console import Console
+from .errors import CheckFailed, DestinationError, QuantizeError
+from .output.identity import RunIdentity
+from .console import human_bytes
+from .output.report import run_report, unplanned_report
+from .output.workfolder import WorkFolder, finished_dst
+from .plan.build import Plan
+from .plan.options import Checked, ConvertOptions
+from .plan.output_paths import check_json_output
+from .plan.steps import check_options, make_plan, print_plan, raise_problems
+from .run import prefetch
+from .run.context import RunContext, warm_device
+from .run.options import RunChecked, check_run_options, resolve_run
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` did: the plan, the destination (None for a dry run) and the report."""
+
+    plan: Plan
+    dst: str | None
+    report: dict
+
+
+class _Report:
+    """``--report``: the one place the report is written (on success, on refusal and on failure)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def write(self, doc: dict) -> dict:
+        if self.path:
+            write_json(self.path, doc)
+        return doc
+
+
+def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
+    """Run `opts` (see the module docstring). Raises QuantizeError subclasses for every user-facing
+    failure; DST only ever appears complete."""
+    t0 = time.perf_counter()
+    con = console or Console(opts.quiet)
+    ok = check_options(opts)  # usage errors, in the first second, before anything is read
+    how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
+    finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
+    preflight(opts, finished)
+    how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
+    warm_device(how.device)
+    report = _Report(opts.report)
+    try:
+        plan = make_plan(opts, ok, con, how.device)
+    except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
+        report.write(unplanned_report(opts.src, opts.dst, opts.algo, exc.message))
+        raise
+    identity = RunIdentity.of(opts, plan)
+    options = {**identity.report_options(), **_run_settings(opts, how)}
+    timings = {"plan_s": time.perf_counter() - t0}
+    if opts.dry_run:
+        try:
+            print_plan(plan)
+        except QuantizeError as exc:
+            report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
+            raise
+        return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
+    try:
+        raise_problems(plan)
+    except QuantizeError as exc:
+        report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
+        raise
+    if finished:
+        path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
+        verified = _verify(path, opts, ok, con) if opts.verify else None
+        doc = run_report(plan, options, None, timings, path, status="already-complete")
+        return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con))
+    for w in plan.warnings:
+        con.warn(w)
+    try:
+        work, stats, verified = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
+    finally:
+        prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
+    doc = run_report(plan, options, stats, timings, work.dst)
+    if getattr(stats, "ray", None):
+        doc["ray"] = stats.ray
+    result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con))
+    rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
+    speed = f", {rate:.2f} GB/s of input" if plan.bytes_in >= 1e8 else ""
+    con.info(f"wrote {work.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
+             f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
+             f"{timings['total_s']:.1f} s{speed}" + (f"; pushed to {doc['publish']['url']}" if "publish" in doc else ""))
+    return result
+
+
+def preflight(opts: ConvertOptions, finished: bool) -> None:
+    """What the output needs, checked before anything is read or downloaded: DST (absent, or
+    --overwrite; not inside a local SRC), the --report path, the --push-to-hub options."""
+    from .output.destination import Destination
+    from .output.publish import check_push_options
+
+    src, dst = opts.src, opts.dst
+    if not opts.dry_run and not finished:
+        Destination(dst, src_root=src if os.path.isdir(src) else None, overwrite=opts.overwrite)  # type: ignore[arg-type]
+    if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
+        check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
+    check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
+
+
+def _run_settings(opts: ConvertOptions, how: RunChecked) -> dict:
+    """How this run executes (never what it writes): the report lists them beside the identity."""
+    device = f"{how.ray_device} (ray tasks)" if how.ray_device else str(how.device)
+    return {"device": device, "memory_budget": str(opts.memory_budget), "kernels": how.kernels, "executor": opts.executor}
+
+
+def _context(opts: ConvertOptions, ok: Checked, how: RunChecked, plan: Plan, con: Console) -> RunContext:
+    # A Hub source read by workers: at the revision the plan pinned (a moving branch must not change the bytes)
+    pinned = getattr(plan.source, "revision", None) or opts.revision
+    hub = (opts.src, pinned, opts.low_disk) if ok.on_hub and (opts.low_disk or opts.executor == "ray") else None
+    return RunContext(how.device, ok.budget, how.kernels, measure=bool(opts.report), hub=hub, ray_device=how.ray_device,
+                      ray_address=opts.ray_address, quiet=con.quiet, info=con.info, warn=con.warn)
+
+
+def _executor(name: str):
+    """The executor room: each has ``produce(plan, work, done, ctx) -> RunStats``."""
+    if name == "ray":
+        from .run import ray_executor
+
+        return ray_executor
+    from .run import local
+
+    return local
+
+
+def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
+    """open -> produce -> finish -> --verify -> card -> seal -> commit. On failure DST never appears:
+    resumable failures keep the work folder, others remove it."""
+    from .output.card import card_facts, card_text
+
+    work = WorkFolder(opts.dst, src_root=plan.source.root or None, overwrite=opts.overwrite)
+    stats = None
+    try:
+        ctx = _context(opts, ok, how, plan, con)
+        done = work.open(identity, plan, opts.resume, con.info)
+        if ctx.hub:  # the driver fetches the Hub source's small files; workers fetch their shards
+            plan = _with_hub_sidecars(plan, work, ctx.hub)
+        stats = _executor(opts.executor).produce(plan, work, done, ctx)
+        for w in getattr(stats, "warnings", ()):
+            con.warn(w)
+        if getattr(stats, "peak_inflight", 0) > ok.budget:  # a single unit of work (one tensor's rows, one expert) is larger
+            con.warn(f"--memory-budget {opts.memory_budget}: {human_bytes(stats.peak_inflight)} were in flight at the peak (the "
+                     f"smallest units of work are larger than the budget); give at least that much to stay within it")
+        work.finish(plan)
+        timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
+        timings["stages_s"] = getattr(stats, "stages", {})
+        verified = None
+        if opts.verify:
+            on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
+            verified = _verify_before_publishing(work, opts.src if on_disk else None, con)
+            timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
+        work.write_card(card_text(work.partial, facts, opts.push_to_hub))
+        work.seal(identity, plan)
+        timings["total_s"] = time.perf_counter() - t0
+        work.commit()
+    except QuantizeError as exc:
+        # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
+        if isinstance(exc, DestinationError) or getattr(exc, "resumable", False):
+            work.keep_for_resume(con.warn, exc)
+        else:
+            work.discard()
+        report.write(run_report(plan, options, stats, timings, None, status="error", error=exc.message))
+        raise
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
+        work.keep_for_resume(con.warn)
+        raise
+    except BaseException:
+        work.discard()
+        raise
+    return work, stats, verified
+
+
+def _with_hub_sidecars(plan, work, hub):
+    """A Hub source read by workers (--low-disk, Ray): its small files fetched into the work
+    folder, a new plan whose source is rooted there (the planned one is never changed)."""
+    from .checkpoint.hub import hub_sidecars
+
+    side = work.path(".source-sidecars")
+    return replace(plan, source=replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side)))
+
+
+def _verify_before_publishing(work: WorkFolder, src: str | None, con: Console):
+    """convert --verify: `verify` (with the source when given) on the finished work folder; refuse on errors.
+
+    A refused output is kept beside DST (``DST.verify-failed``) for inspection, never published as DST."""
+    from .verify import verify_checkpoint
+
+    res = verify_checkpoint(work.partial, src)
+    for f in res.warnings:
+        con.warn(f"verify: {f.message}")
+    if res.errors:
+        kept = work.set_aside("verify-failed")
+        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in the converted output; DST was not written; "
+                          f"the output is kept in {kept} for inspection:", details=[f.message for f in res.errors])
+    _say_verified(res, con)
+    return res
+
+
+def _verify(path: str, opts: ConvertOptions, ok: Checked, con: Console):
+    """--verify of a finished DST (--resume after success): the same check, on DST itself."""
+    from .verify import verify_checkpoint
+
+    res = verify_checkpoint(path, None if ok.on_hub and opts.low_disk else opts.src)
+    for f in res.warnings:
+        con.warn(f"verify: {f.message}")
+    if res.errors:
+        raise CheckFailed(f"--verify found {len(res.errors)} error(s) in {path}; fix or rebuild it with --overwrite:",
+                          details=[f.message for f in res.errors])
+    _say_verified(res, con)
+    return res
+
+
+def _say_verified(res, con: Console) -> None:
+    sqnr = [e["sqnr_db"] for e in res.errors_by_tensor.values()]
+    detail = f", median SQNR {statistics.median(sqnr):.1f} dB" if sqnr else " (not compared with the source)"
+    con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
+
+
+def _follow_ups(opts: ConvertOptions, plan: Plan, doc: dict, verified, report: _Report, con: Console) -> dict:
+    """After a fresh output and after "already complete" alike: --verify's outcome, the report, --push-to-hub."""
+    if verified is not None:  # --verify's outcome, as the card states it
+        from .output.card import verify_summary
+
+        doc["verify"] = verify_summary(verified, lambda m: plan.scheme_of(m).algo)
+    report.write(doc)
+    if opts.push_to_hub:
+        from .output.publish import push_after_convert
+
+        push_after_convert(doc["destination"], opts.push_to_hub, opts.private, opts.revision_out, opts.quiet, doc, report.path)
+    return doc
+
+
+__all__ = ["convert", "preflight", "ConvertResult"]
