@@ -73,3 +73,12 @@ def tiny_llama(make_checkpoint):
     t["model.layers.0.self_attn.k_proj.weight"] *= 0.25
     t["model.layers.1.mlp.up_proj.weight"] *= 4
     return make_checkpoint(t, cfg, shards=2)
+
+
+@pytest.fixture(scope="session")
+def example_scales(tmp_path_factory):
+    """SCALES.json of ``example:tiny-llama`` made once per session with ``quantize calibrate`` on the golden
+    calibration text: ``(path, {module: amax}, {attention: {"k_amax", "v_amax", ...}})``."""
+    from tests.matrix.support import calibrate_example
+
+    return calibrate_example(str(tmp_path_factory.mktemp("example-scales") / "scales.json"))
