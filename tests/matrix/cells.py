@@ -76,6 +76,19 @@ SEEDS = (
 )
 
 
+STATIC_PART = {"FP8": "NVFP4", "FP8_PB_WO": "NVFP4", "NVFP4": None}  # the static algorithm MIXED adds, if any
+
+
+def has_static_scales(o: dict) -> bool:
+    """Some module of the output has a static input scale (FP8 or NVFP4)."""
+    return o["algo"] in ("FP8", "NVFP4") or (o["algo_for"] == "mixed" and STATIC_PART[o["algo"]] is not None)
+
+
+def calibrated(o: dict) -> bool:
+    """--act-scales decides bytes: static input scales or KV scales exist (else it is ignored, with a warning)."""
+    return o["calibration"] == "act-scales" and (has_static_scales(o) or o["kv"] == "fp8")
+
+
 @dataclass(frozen=True)
 class Cell:
     """One row of the matrix; ``id`` names every value that is not the baseline's."""
@@ -119,14 +132,21 @@ class Cell:
         return {"--algo": [o["algo"]], "--max-shard-size": [SHARD],
                 "--format": [o["format"]] if o["format"] != "modelopt" else [],
                 "--algo-for": [MIXED[o["algo"]]] if o["algo_for"] == "mixed" else [],
-                "--act-scales": [scales] if o["calibration"] == "act-scales" else [],
+                **({"--act-scales": [scales] if calibrated(o) else []} if calibrated(o) or o["calibration"] == "none" else {}),
                 "--layout": [o["layout"]] if o["layout"] != "plain" else [],
                 "--kv-cache-dtype": ["fp8"] if o["kv"] == "fp8" else [],
                 "--scale-search": ["mse"] if o["scale_search"] != "none" else []}
 
 
+def weak(row: dict) -> bool:
+    """A row that stops at its first run today: ``--verify`` cannot read a packed layout (defect M2, known.py),
+    so it cannot stand for its other pairs; the covering array covers those with other rows too."""
+    return row["layout"] != "plain" and row["verify"] == "on"
+
+
 def build() -> tuple[list[Cell], list[Cell]]:
-    """(cells that must write output, cells that must be refused): every pair of values at least once."""
-    ok, refused = pairwise.build(FACTORS, lambda r: not refusals(r), refusals, SEEDS)
+    """(cells that must write output, cells that must be refused): every pair of values at least once,
+    each by a cell that runs to the end where the options allow one."""
+    ok, refused = pairwise.build(FACTORS, lambda r: not refusals(r), refusals, SEEDS, weak)
     as_cell = lambda r: Cell(tuple((k, r[k]) for k in FACTORS))  # noqa: E731
     return [as_cell(r) for r in ok], [as_cell(r) for r in refused]

@@ -17,26 +17,21 @@ from __future__ import annotations
 
 import pytest
 
-STATIC_PART = {"FP8": "NVFP4", "FP8_PB_WO": "NVFP4", "NVFP4": None}  # the static algorithm --algo-for adds (cells.MIXED)
-
-
-def _static(o: dict) -> bool:
-    """Some module of the output has a static input scale."""
-    return o["algo"] in ("FP8", "NVFP4") or (o["algo_for"] == "mixed" and STATIC_PART[o["algo"]] is not None)
+from .cells import calibrated
 
 
 _DEFECTS = {
     "1": ("Ray asks --algo's scheme, not the task's, whether a fused group shares its amax (NVFP4 weight_scale_2 "
           "unshared across shards)", lambda o: o["executor"] == "ray" and o["algo_for"] == "mixed" and o["algo"] == "FP8_PB_WO"),
     "3": ("calibration dropped for mixed precision and for KV scales with a dynamic --algo",
-          lambda o: o["calibration"] == "act-scales" and (o["algo_for"] == "mixed" or (o["kv"] == "fp8" and o["algo"] == "FP8_PB_WO"))),
+          lambda o: o["calibration"] == "act-scales" and o["algo"] != "NVFP4" and (o["algo_for"] == "mixed" or (o["kv"] == "fp8" and o["algo"] == "FP8_PB_WO"))),
     "4": ("--resume of a finished DST skips --verify and --push-to-hub",
           lambda o: o["lifecycle"] == "finished" and "on" in (o["verify"], o["push"])),
     "5": ("a push rewrites the card's serve lines from hf_quant_config.json alone (compressed-tensors, MIXED_PRECISION)",
           lambda o: o["push"] == "on" and o["lifecycle"] != "finished" and (o["format"] == "compressed-tensors" or o["algo_for"] == "mixed")),
     "7": ("a finished Ray output is never sealed (.quantize-checksums)", lambda o: o["executor"] == "ray"),
     "9": ("the card says a calibrated output is not calibrated (and 'KV cache: no scales' beside calibrated KV scales)",
-          lambda o: o["calibration"] == "act-scales" and (_static(o) or o["kv"] == "fp8")),
+          calibrated),
     "M1": ("mixed precision without calibration: card and report state --algo's activation-scale facts for every layer",
            lambda o: o["algo_for"] == "mixed" and o["calibration"] == "none" and o["algo"] in ("FP8", "FP8_PB_WO")),
     "M2": ("--verify --layout marlin converts everything, then exits 1 (verify reads no packed layout)",

@@ -5,10 +5,12 @@ instead of the thousands of rows of the full product. The method is the classic 
 (AETG-like, but with every candidate enumerated, which is cheap for a few thousand rows):
 
 1. ``seeds`` (rows the caller insists on: known hot spots) are taken first, as given.
-2. Among the *allowed* rows (``allowed(row)`` is true), repeatedly take the one that covers the most
-   pairs not yet covered; ties go to the first row in product order, so the result never changes
-   between runs or machines.
-3. Pairs that no allowed row can cover (the options refuse each other) are each covered by one
+2. Among the *allowed* rows (``allowed(row)`` is true) that are not ``weak``, repeatedly take the one
+   that covers the most pairs not yet covered; ties go to the first row in product order, so the
+   result never changes between runs or machines. A weak row is allowed but stops early (its
+   first run fails before there is an output to check), so it cannot stand for its other pairs.
+3. Pairs that only weak rows can hold get weak rows, chosen the same way.
+4. Pairs that no allowed row can cover (the options refuse each other) are each covered by one
    *refused* row: the first row in product order that holds the pair and breaks only the rules
    ``refusals(row)`` names for it (a refusal row with one reason tests one message).
 
@@ -46,30 +48,32 @@ def product(factors: dict[str, tuple]) -> list[Row]:
 
 
 def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: Callable[[Row], list],
-          seeds: Iterable[Row] = ()) -> tuple[list[Row], list[Row]]:
+          seeds: Iterable[Row] = (), weak: Callable[[Row], bool] = lambda row: False) -> tuple[list[Row], list[Row]]:
     """``(rows that must run, rows that must be refused)``, together covering every pair of values.
 
     `allowed(row)`: the options of `row` go together (the run must write output).
     `refusals(row)`: the rules `row` breaks (empty when allowed); a refused row is picked with exactly one.
     `seeds`: full rows taken first (allowed ones only; a refused seed is an error in the caller).
+    `weak(row)`: an allowed row that cannot stand for its other pairs (step 3 of the module docstring).
     """
     order = list(factors)
     rows = product(factors)
-    ok = [r for r in rows if allowed(r)]
     wanted = all_pairs(factors)
-    coverable = set().union(*(pairs_of(r, order) for r in ok)) if ok else set()
     chosen: list[Row] = []
     covered: set[Pair] = set()
     for seed in seeds:
         if not allowed(seed):
             raise ValueError(f"seed row {seed} is not allowed")
         chosen.append(dict(seed))
-        covered |= pairs_of(seed, order)
-    cover = [pairs_of(r, order) for r in ok]
-    while coverable - covered:
-        best = max(range(len(ok)), key=lambda i: (len(cover[i] - covered), -i))
-        chosen.append(ok[best])
-        covered |= cover[best]
+        covered |= set() if weak(seed) else pairs_of(seed, order)
+    coverable: set[Pair] = set()
+    for tier in ([r for r in rows if allowed(r) and not weak(r)], [r for r in rows if allowed(r) and weak(r)]):
+        cover = [pairs_of(r, order) for r in tier]
+        coverable |= set().union(*cover) if cover else set()
+        while coverable - covered:
+            best = max(range(len(tier)), key=lambda i: (len(cover[i] & (coverable - covered)), -i))
+            chosen.append(tier[best])
+            covered |= cover[best]
     refused: list[Row] = []
     for pair in sorted(wanted - coverable, key=lambda p: [order.index(p[0][0]), str(p[0][1]), order.index(p[1][0]), str(p[1][1])]):
         if any(pair in pairs_of(r, order) for r in refused):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .cells import calibrated
 from .describe import CT, Output, algos_in_bytes, close, input_scales, kv_scales
 
 
@@ -14,10 +15,14 @@ def check_report(doc: dict, out: Output, o: dict, fmt: str, status: str, problem
         problems.append(f"report: status {doc.get('status')!r}, want {status!r}")
     opts = doc.get("options") or {}
     want = {"algo": o["algo"], "format": fmt, "layout": o["layout"], "kv_cache_dtype": "fp8" if o["kv"] == "fp8" else None,
-            "scale_search": o["scale_search"], "calibrated": o["calibration"] == "act-scales", "mixed": o["algo_for"] == "mixed"}
+            "scale_search": o["scale_search"], "calibrated": o["calibration"] == "act-scales", "mixed": o["algo_for"] == "mixed",
+            "calibrated_effect": calibrated(o)}
     got = {"algo": opts.get("algo"), "format": opts.get("format", "modelopt"), "layout": opts.get("layout"),
            "kv_cache_dtype": opts.get("kv_cache_dtype"), "scale_search": opts.get("scale_search"),
            "calibrated": bool(opts.get("calibration")), "mixed": bool(opts.get("algo_for"))}
+    if o["calibration"] == "act-scales" and not want["calibrated_effect"]:
+        del got["calibrated"], want["calibrated"]  # ignored scales (a warning says so) may be recorded or not
+    want.pop("calibrated_effect")
     if got != want:
         problems.append(f"report: options {({k: got[k] for k in got if got[k] != want[k]})}, the run used {({k: want[k] for k in got if got[k] != want[k]})}")
     schemes = {t["name"].rpartition(".")[0]: t.get("scheme") for t in doc.get("tensors", []) if t.get("action") == "quantize"}
@@ -26,7 +31,7 @@ def check_report(doc: dict, out: Output, o: dict, fmt: str, status: str, problem
         diff = sorted(m for m in set(schemes) | set(in_bytes) if schemes.get(m) != in_bytes.get(m))
         problems.append(f"report: per-tensor scheme differs from the bytes on {len(diff)} module(s), e.g. {diff[:1]} "
                         f"report {schemes.get(diff[0]) if diff else None}, bytes {in_bytes.get(diff[0]) if diff else None}")
-    _check_calibration(doc.get("calibration"), out, fmt, want["calibrated"], o["kv"] == "fp8", problems)
+    _check_calibration(doc.get("calibration"), out, fmt, calibrated(o), o["kv"] == "fp8", problems)
     if (o["verify"] == "on") != isinstance(doc.get("verify"), dict) or (o["verify"] == "on" and doc["verify"].get("errors") != 0):
         problems.append(f"report: verify entry {doc.get('verify')!r} with --verify {o['verify']}")
     pub = doc.get("publish")

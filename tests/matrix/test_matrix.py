@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -47,7 +48,7 @@ def _param(cell):
 def test_refused_before_the_first_byte(cell, tmp_path, scales, hub):
     (rule,) = cell.refused
     before = tree_state(tmp_path)
-    repo = f"me/{cell.id[:60]}".replace("=", "-")
+    repo = _repo(cell)
     r = invoke(*cell.args(str(tmp_path / "out"), scales[0]), "--report", str(tmp_path / "report.json"), *_follow_ups(cell.o, repo))
     assert_clean_failure(r, rule.code, *rule.fragments)
     assert repo not in hub.repos
@@ -62,7 +63,7 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     o = cell.o
     if o["executor"] == "ray":
         request.getfixturevalue("ray_session")
-    dst, report, repo = str(tmp_path / "out"), str(tmp_path / "report.json"), f"me/{cell.id[:60]}".replace("=", "-")
+    dst, report, repo = str(tmp_path / "out"), str(tmp_path / "report.json"), _repo(cell)
     args = cell.args(dst, scales[0])
     follow = ["--report", report, *_follow_ups(o, repo)]
     problems: list[str] = []
@@ -73,7 +74,7 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     out = Output.read(dst)
     fmt = o["format"]
     want = expected_algos(o["algo"], cells.MIXED[o["algo"]] if o["algo_for"] == "mixed" else None)
-    amax, kv_amax = (scales[1], scales[2]) if o["calibration"] == "act-scales" else (None, None)
+    amax, kv_amax = (scales[1], scales[2]) if cells.calibrated(o) else (None, None)
     if algos_in_bytes(out) != want:
         problems.append(f"bytes: per-module algorithms {sorted(set(algos_in_bytes(out).items()) ^ set(want.items()))[:4]} differ from the options'")
     check_config(out, fmt, o["kv"] == "fp8", o["layout"], amax is not None, problems)
@@ -88,6 +89,11 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     _published(hub, repo, dst, o["push"] == "on", problems)
     _finished_folder(dst, problems)
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
+
+
+def _repo(cell) -> str:
+    """A Hub repo id of the cell's own (letters, digits, '-'; at most 96 characters, no '-' at either end)."""
+    return "me/" + re.sub(r"[^A-Za-z0-9-]+", "-", cell.id)[:90].strip("-")
 
 
 def _follow_ups(o: dict, repo: str) -> list[str]:

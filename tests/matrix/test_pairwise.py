@@ -38,3 +38,12 @@ def test_seeds_come_first_and_a_refused_seed_is_an_error():
     assert ok[0] == seed
     with pytest.raises(ValueError, match="not allowed"):
         pairwise.build(FACTORS, lambda r: not _refusals(r), _refusals, seeds=[{"a": 2, "b": "x", "c": False, "d": "p"}])
+
+
+def test_weak_rows_do_not_stand_for_their_other_pairs():
+    weak = lambda r: r["c"] and r["d"] == "q"  # noqa: E731 - say (c, q) stops every row early
+    ok, _ = pairwise.build(FACTORS, lambda r: not _refusals(r), _refusals, weak=weak)
+    strong = [r for r in ok if not weak(r)]
+    only_weak = {(("c", True), ("d", "q"))}
+    assert pairwise.uncovered(FACTORS, strong) - only_weak == {(("a", 2), ("b", "x")), (("c", True), ("d", "r"))}
+    assert sum(map(weak, ok)) == 1  # one weak row, for the one pair only weak rows hold
