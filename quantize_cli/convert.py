@@ -66,17 +66,17 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     failure; DST only ever appears complete."""
     t0 = time.perf_counter()
     con = console or Console(opts.quiet)
-    ok = check_options(opts)  # usage errors, in the first second, before anything is read
-    how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
-    finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
-    preflight(opts, finished)
-    how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
-    warm_device(how.device)
     report = _Report(opts.report)
     try:
+        ok = check_options(opts)  # usage errors, in the first second, before anything is read
+        how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
+        finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
+        preflight(opts, finished)
+        how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
+        warm_device(how.device)
         plan = make_plan(opts, ok, con, how.device)
-    except QuantizeError as exc:  # "written on failure too": also when SRC itself is refused
-        report.write(unplanned_report(opts.src, opts.dst, opts.algo, exc.message))
+    except QuantizeError as exc:  # "written on failure too": a refused option or SRC as well
+        _report_refusal(opts, report, exc)
         raise
     identity = RunIdentity.of(opts, plan)
     options = {**identity.report_options(), **_run_settings(opts, how)}
@@ -114,6 +114,17 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s{speed}" + (f"; pushed to {doc['publish']['url']}" if "publish" in doc else ""))
     return result
+
+
+def _report_refusal(opts: ConvertOptions, report: _Report, exc: QuantizeError) -> None:
+    """--report for a run refused before it had a plan, unless the report's own path is the problem."""
+    if not opts.report:
+        return
+    try:
+        check_json_output(opts.report, "--report", (opts.src if os.path.isdir(opts.src) else None, opts.dst))
+        report.write(unplanned_report(opts.src, opts.dst, opts.algo, exc.message))
+    except (QuantizeError, OSError):
+        pass
 
 
 def preflight(opts: ConvertOptions, finished: bool) -> None:
@@ -179,7 +190,7 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         verified = None
         if opts.verify:
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
-            verified = _verify_before_publishing(work, opts.src if on_disk else None, con)
+            verified = _verify_before_publishing(work, opts.src if on_disk else None, plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
         work.write_card(card_text(work.partial, facts, opts.push_to_hub))
@@ -212,13 +223,11 @@ def _with_hub_sidecars(plan, work, hub):
     return replace(plan, source=replace(plan.source, root=side, sidecars=hub_sidecars(hub[0], hub[1], side)))
 
 
-def _verify_before_publishing(work: WorkFolder, src: str | None, con: Console):
+def _verify_before_publishing(work: WorkFolder, src: str | None, plan: Plan, con: Console):
     """convert --verify: `verify` (with the source when given) on the finished work folder; refuse on errors.
 
     A refused output is kept beside DST (``DST.verify-failed``) for inspection, never published as DST."""
-    from .verify import verify_checkpoint
-
-    res = verify_checkpoint(work.partial, src)
+    res = _verify_folder(work.partial, src, plan.packing is not None)
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
@@ -231,9 +240,7 @@ def _verify_before_publishing(work: WorkFolder, src: str | None, con: Console):
 
 def _verify(path: str, opts: ConvertOptions, ok: Checked, con: Console):
     """--verify of a finished DST (--resume after success): the same check, on DST itself."""
-    from .verify import verify_checkpoint
-
-    res = verify_checkpoint(path, None if ok.on_hub and opts.low_disk else opts.src)
+    res = _verify_folder(path, None if ok.on_hub and opts.low_disk else opts.src, "layout" in (_config_block(path) or {}))
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
@@ -241,6 +248,34 @@ def _verify(path: str, opts: ConvertOptions, ok: Checked, con: Console):
                           details=[f.message for f in res.errors])
     _say_verified(res, con)
     return res
+
+
+def _verify_folder(folder: str, src: str | None, packed: bool):
+    """`verify` of `folder`; a packed layout (which no stock loader reads, by design) is verified through
+    its plain form: unpacked beside it (exact: the plain scales are kept beside the packed ones), checked, removed."""
+    import shutil
+
+    from .verify import verify_checkpoint
+
+    if not packed:
+        return verify_checkpoint(folder, src)
+    from .unpack import unpack_checkpoint
+
+    parent, name = os.path.split(os.path.abspath(folder))
+    plain = os.path.join(parent, f".{name.lstrip('.')}.verify-plain")
+    shutil.rmtree(plain, ignore_errors=True)
+    try:
+        res = verify_checkpoint(unpack_checkpoint(folder, plain), src)
+    finally:
+        shutil.rmtree(plain, ignore_errors=True)
+    res.path = folder
+    return res
+
+
+def _config_block(path: str) -> dict | None:
+    from .jsonfile import read_json_or_none
+
+    return ((read_json_or_none(os.path.join(path, "config.json")) or {}).get("quantization_config"))
 
 
 def _say_verified(res, con: Console) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,28 @@ from safetensors.torch import load_file
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+PYPROJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+
+
+def extra_test_packages() -> list[str]:
+    """The import names the test install must have: the ``test`` extra of pyproject.toml, and Triton
+    (a dependency on Linux; the kernel tests run it in its CPU interpreter)."""
+    text = open(PYPROJECT, encoding="utf-8").read()
+    extra = re.search(r"^test\s*=\s*\[(.*?)\]", text, re.M | re.S).group(1)
+    names = [re.match(r"[A-Za-z0-9_.-]+", d.strip().strip('"')).group(0) for d in extra.split(",") if d.strip()]
+    return [n.lower().replace("-", "_") for n in names] + (["triton"] if sys.platform.startswith("linux") else [])
+
+
+def missing_test_packages(find=importlib.util.find_spec) -> list[str]:
+    return [n for n in extra_test_packages() if find(n) is None]
+
+
+def pytest_configure(config):
+    """A package of the test extra that is missing fails the run here, instead of its tests skipping."""
+    missing = missing_test_packages()
+    if missing:
+        raise pytest.UsageError(f"the test install lacks {', '.join(missing)}; install it with pip install -e '.[test]' "
+                                "(the tests that need it fail rather than skip)")
 
 
 def convert(src, dst=None, console=None, **options):
@@ -81,3 +106,12 @@ def tiny_llama(make_checkpoint):
     t["model.layers.0.self_attn.k_proj.weight"] *= 0.25
     t["model.layers.1.mlp.up_proj.weight"] *= 4
     return make_checkpoint(t, cfg, shards=2)
+
+
+@pytest.fixture(scope="session")
+def example_scales(tmp_path_factory):
+    """SCALES.json of ``example:tiny-llama`` made once per session with ``quantize calibrate`` on the golden
+    calibration text: ``(path, {module: amax}, {attention: {"k_amax", "v_amax", ...}})``."""
+    from tests.matrix.support import calibrate_example
+
+    return calibrate_example(str(tmp_path_factory.mktemp("example-scales") / "scales.json"))

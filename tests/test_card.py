@@ -80,7 +80,7 @@ def test_calibration_verify_and_several_algorithms_are_reported():
     cal = {"calibrated": True, "dataset": "cnn_dailymail", "samples": 512, "seq_len": 2048, "tokens": 1048576, "modules": 14,
            "kv_scales": 0}
     body = render_card(facts(algos={"FP8": 10, "NVFP4": 4}, verify=ver, calibration=cal, format="compressed-tensors"))
-    assert ("Calibrated (14 input scale(s)) on `cnn_dailymail`: 512 sample(s) of at most 2048 token(s) (1048576 tokens)."
+    assert ("Calibrated on `cnn_dailymail`: 14 input scale(s) from 512 sample(s) of at most 2048 token(s) (1048576 tokens)."
             in body)
     assert "| `FP8` | 2 | 25.0 dB | 20.0 dB | `b.weight` |" in body and "| `NVFP4` | 1 | 12.5 dB | 12.5 dB | `c.weight` |" in body
     assert "- compressed-tensors" in body and "nvidia-modelopt" not in body
@@ -96,7 +96,8 @@ def test_serve_lines_fit_the_algorithm(algo, loaders):
 
 
 def test_packed_layouts_and_fp8_kv_cache_say_how_to_serve():
-    assert serve_lines(facts(layout="marlin"), "r/m")[-1] == "quantize unpack r/m -o plain-checkpoint"
+    assert serve_lines(facts(layout="marlin"), "r/m")[-2:] == ["hf download r/m --local-dir m", "quantize unpack m -o m-plain"]
+    assert serve_lines(facts(layout="marlin"), "./out")[-1] == "quantize unpack ./out -o ./out-plain"
     assert serve_lines(facts(kv_cache_dtype="fp8"), "r/m")[0].startswith("vllm serve r/m --kv-cache-dtype fp8")
 
 

@@ -4,15 +4,15 @@ input_global_scale), derived as llm-compressor derives them, shared by fused gro
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 
 import pytest
 import torch
 
 from tests.conftest import convert
 from quantize_cli import api
-from quantize_cli.formats.ct_schemes import ct_scale
-from quantize_cli.schemes.numerics import E4M3_MAX
 from tests.conftest import golden_checkpoint, load_all
 
 CALIB = os.path.join(os.path.dirname(__file__), "golden", "checkpoints", "calibration.jsonl")
@@ -25,6 +25,20 @@ def scales(tmp_path_factory):
     api.calibrate(golden_checkpoint("tiny-llama"), calib_data=CALIB, output=out, device="cpu", quiet=True)
     with open(out) as f:
         return out, {m: e["amax"] for m, e in json.load(f)["modules"].items()}
+
+
+def _bf16(x: float) -> float:
+    """`x` rounded to bfloat16 by hand: 8 significant bits, ties to even (Python's round)."""
+    if x == 0:
+        return 0.0
+    _, e = math.frexp(x)  # x = m * 2**e, 0.5 <= |m| < 1
+    ulp = 2.0 ** (e - 8)
+    return round(x / ulp) * ulp  # x / ulp is exact (a power-of-two scaling)
+
+
+def _f32(x: float) -> float:
+    """`x` rounded to fp32 (a float64 quotient of fp32 values rounds to the IEEE fp32 quotient)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
 def _group_amax(amax: dict, module: str) -> float:
@@ -48,13 +62,13 @@ def test_compressed_tensors_takes_the_calibrated_scales(tmp_path, scales, algo):
     for k in names:
         module = k.rpartition(".")[0]
         a = _group_amax(amax, module)
-        if algo == "FP8":  # the weight's dtype (bf16), [1], = bf16(amax) / 448 rounded as llm-compressor does
-            want = ct_scale(torch.tensor(a, dtype=torch.float32).to(torch.bfloat16), E4M3_MAX).reshape(1)
+        if algo == "FP8":  # the weight's dtype (bf16), [1], = bf16(bf16(amax) / 448), as llm-compressor computes it
+            want = _bf16(_bf16(a) / 448.0)
             assert out[k].dtype == torch.bfloat16 and out[k].shape == (1,)
-        else:  # fp32 [1] = 2688 / amax
-            want = (torch.tensor(E4M3_MAX * 6.0) / torch.tensor(a, dtype=torch.float32)).reshape(1)
+        else:  # fp32 [1] = 2688 / fp32(amax), rounded once to fp32
+            want = _f32(2688.0 / _f32(a))
             assert out[k].dtype == torch.float32 and out[k].shape == (1,)
-        assert torch.equal(out[k], want), k
+        assert out[k].float().item() == want, (k, out[k].item(), want)
     constant = 1.0 if algo == "FP8" else 6.0
     assert all(out[k].item() != constant for k in names)  # calibrated, not the documented constant
 

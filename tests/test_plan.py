@@ -103,3 +103,22 @@ def test_dry_run_text_lists_every_module(tiny_llama):
         assert name in text
     assert "exclude_modules (2): lm_head, model.embed_tokens" in text
     assert "bytes in" in text
+
+
+@pytest.mark.parametrize("kw", [dict(algo="FP8", kv_cache_dtype="fp8", calibrated=True), dict(algo="NVFP4", layout="marlin"),
+                                dict(algo="NVFP4", algo_for=["self_attn*=FP8_PB_WO"]),
+                                dict(algo="FP8", format="compressed-tensors", kv_cache_dtype="fp8", calibrated=True)])
+def test_every_output_is_written_by_exactly_one_task(kw, tmp_path):
+    """The journal and the seal digest each task's outputs: an output named by two tasks (the calibrated
+    KV scales under k_proj / v_proj once were) makes a finished output fail its own --resume check."""
+    from collections import Counter
+
+    from quantize_cli.calibration import load
+    from tests.matrix.support import calibrate_example
+
+    kw = dict(kw)
+    if kw.pop("calibrated", False):
+        kw["act_scales"] = load(calibrate_example(str(tmp_path / "s.json"))[0])
+    plan = prepare("example:tiny-llama", kw.pop("algo"), max_shard_size="100KB", **kw)
+    written = Counter(n for t in plan.tasks for n in t.outputs)
+    assert set(written) == set(plan.outputs) and max(written.values()) == 1, [n for n, c in written.items() if c > 1]

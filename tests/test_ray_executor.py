@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import output_files
 
-ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra: pip install -e '.[test]'")
+import ray  # noqa: E402  the ray extra is part of the test install (tests/conftest.py checks): a missing Ray fails
 
 from quantize_cli.api import prepare
 from tests.conftest import convert  # noqa: E402

@@ -126,12 +126,16 @@ def calibration_facts(plan) -> dict | None:
         data = cal.meta.get("data") or {}
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
                 "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax)}
-    static = {s.algo: s.static_input_scale for s in (plan.schemes.values() if plan.mixed else [plan.scheme])
+    from ..algorithms import static_input_scale
+
+    # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
+    # NVFP4 stores its inverse, input_global_scale): the same number whatever the format writes
+    static = {s.algo: static_input_scale(s.algo) for s in (plan.schemes.values() if plan.mixed else [plan.scheme])
               if s.static_input_scale is not None}
     if not static:
         return None
-    shown = next(iter(static.values())) if len(static) == 1 else ", ".join(f"{v:g} ({a})" for a, v in sorted(static.items()))
-    return {"calibrated": False, "input_scale": shown,
+    shown = next(iter(static.values())) if len(static) == 1 else " or ".join(f"{v:g} ({a})" for a, v in sorted(static.items()))
+    return {"calibrated": False, "input_scale": shown, "inverse_stored": plan.format.name == "compressed-tensors" and "NVFP4" in static,
             "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
 
 
@@ -181,8 +185,13 @@ def serve_lines(facts: dict, repo: str) -> list[str]:
     from ..formats import format_named
 
     if facts.get("layout") not in (None, "plain"):
-        return [f"# packed '{facts['layout']}' layout: no stock loader reads it (docs/layouts.md);",
-                "# serve the plain checkpoint instead:", f"quantize unpack {repo} -o plain-checkpoint"]
+        lines = [f"# packed '{facts['layout']}' layout: no stock loader reads it (docs/layouts.md);",
+                 "# serve the plain checkpoint instead:"]
+        local = repo
+        if is_repo_id(repo) and not repo.startswith((".", "/")):  # unpack reads a local folder: fetch the repo first
+            local = repo.split("/")[-1]
+            lines.append(f"hf download {repo} --local-dir {local}")
+        return lines + [f"quantize unpack {local} -o {local.rstrip('/')}-plain"]
     lines = format_named(facts.get("format")).serve_lines(facts["algos"], facts.get("kv_cache_dtype"), repo)
     return lines or [f"# no stock loader is known to serve {', '.join(sorted(facts['algos']))} in this format"]
 
@@ -300,12 +309,14 @@ def _calibration_section(cal: dict | None) -> list[str]:
     elif cal.get("calibrated"):
         what = [f"{cal['modules']} input scale(s)" if cal.get("modules") else None,
                 f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None]
-        lines.append(f"Calibrated ({', '.join(w for w in what if w) or 'scales'}) on `{cal.get('dataset')}`: "
+        lines.append(f"Calibrated on `{cal.get('dataset')}`: {', '.join(w for w in what if w) or 'scales'} from "
                      f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s) ({cal.get('tokens')} tokens).")
     else:
         value = cal.get("input_scale")
-        shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
-        lines.append(f"Not calibrated: every `input_scale` is {shown}, {cal.get('note', 'a calibration-free constant')}.")
+        inverse = " (compressed-tensors NVFP4 stores its inverse as `input_global_scale`)" if cal.get("inverse_stored") else ""
+        which = (f"every `input_scale` is {value:g}" if isinstance(value, (int, float)) else
+                 f"the `input_scale` of each layer is its algorithm's constant, {value}")  # mixed precision: one per algorithm
+        lines.append(f"Not calibrated: {which}{inverse}, {cal.get('note', 'a calibration-free constant')}.")
     return lines + [""]
 
 

@@ -94,10 +94,15 @@ def _calibration(plan) -> dict | None:
         from ..calibration.apply import calibration_summary
 
         return calibration_summary(plan, full=True)
-    static = sorted({s.algo: s.static_input_scale for s in _schemes(plan) if s.static_input_scale is not None}.items())
+    from ..algorithms import static_input_scale
+
+    # the activation scale the constant stands for (compressed-tensors NVFP4 stores its inverse, input_global_scale)
+    static = sorted({s.algo: static_input_scale(s.algo) for s in _schemes(plan) if s.static_input_scale is not None}.items())
     if not static:
         return None
-    return {"calibrated": False, "input_scale": static[0][1] if len(static) == 1 else dict(static),
+    per_module = {m.name: {"input_scale": static_input_scale(plan.scheme_of(m.name).algo)} for m in plan.quantized
+                  if plan.scheme_of(m.name).static_input_scale is not None}
+    return {"calibrated": False, "input_scale": static[0][1] if len(static) == 1 else dict(static), "per_module": per_module,
             "convention": "activation amax 448 (ModelOpt calibration-free constant)"}
 
 

@@ -278,10 +278,12 @@ def _expert_order(container: str, m: Module, names: dict[str, str]) -> tuple[int
 
 
 def _tasks(mods: dict[str, Module], groups: dict[str, list[Module]], scheme: Scheme, order: dict[str, int],
-           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor], schemes: dict[str, Scheme]) -> list[Task]:
+           stacks: dict[str, dict], recipe: Recipe, outs: dict[str, OutTensor], schemes: dict[str, Scheme],
+           constants: tuple[str, ...] = ()) -> list[Task]:
     by_module: dict[str, list[str]] = {}
     for name in outs:
-        by_module.setdefault(name.rpartition(".")[0], []).append(name)
+        if name not in constants:  # written by the const task only (calibrated KV scales named under k_proj / v_proj)
+            by_module.setdefault(name.rpartition(".")[0], []).append(name)
 
     def written(members) -> tuple[str, ...]:
         """What quantizing `members` writes: their outputs except the other leaves copied as-is (bias)."""
@@ -368,7 +370,8 @@ def build_plan(
         recipe=recipe,
         modules=mods,
         groups={k: [m.name for m in v] for k, v in groups.items()},
-        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs, schemes) + ([Task("const", outputs=tuple(kv_outs))] if kv_outs else []),
+        tasks=_tasks(mods, groups, scheme, order, stacks, recipe, outs, schemes, tuple(kv_outs))
+        + ([Task("const", outputs=tuple(kv_outs))] if kv_outs else []),
         outputs=outs,
         shard_names=shard_names,
         exclude_modules=entries,

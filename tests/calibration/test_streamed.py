@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import convert
 from quantize_cli import api
-from quantize_cli.calibration import calibrate, hooks, load
+from quantize_cli.calibration import calibrate, load
 from quantize_cli.checkpoint.source import open_source
 from quantize_cli.modules.recipe import load_recipe
 from tests.calibration import builders
@@ -26,21 +26,66 @@ def _jsonl(path, samples=SAMPLES) -> str:
     return str(path)
 
 
-def _whole_model(folder: str, prefix: str, samples) -> hooks.Recorder:
-    """Hooks on every Linear / experts / attention of the full transformers model, one forward per sample."""
-    from transformers import AutoModel
+KV_IMPL = "test_kv_recorder"  # this test's own attention function: stock SDPA after recording K and V
 
-    hooks.register()
-    model = AutoModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation=hooks.IMPL).eval()
-    for mod in model.modules():
-        if hasattr(getattr(mod, "config", None), "_experts_implementation"):
-            mod.config._experts_implementation = hooks.IMPL
-    rec = hooks.Recorder()
-    hooks.attach(rec, model, prefix, {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
-    with hooks.active(rec), torch.no_grad():
+
+def _whole_model(folder: str, prefix: str, samples) -> tuple[dict, dict]:
+    """An independent measurement: the full transformers model with its stock eager experts and plain
+    forward pre-hooks (none of quantize_cli.calibration.hooks), one forward per sample.
+
+    Returns ``({module: {"amax", "tokens"}}, {attention: (k_amax, v_amax)})``: every Linear's input,
+    every routed expert's gate/up input (its tokens) and down input (recomputed from the expert's
+    own weights), and K / V as the attention function receives them (after RoPE).
+    """
+    from transformers import AutoModel
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    inputs: dict[str, dict] = {}
+    kv: dict[str, list] = {}
+    names: dict[int, str] = {}
+
+    def record(name, x):
+        e = inputs.setdefault(name, {"amax": 0.0, "tokens": 0})
+        e["amax"] = max(e["amax"], x.detach().abs().max().float().item()) if x.numel() else e["amax"]
+        e["tokens"] += x.numel() // x.shape[-1]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        slot = kv.setdefault(names[id(module)], [0.0, 0.0])
+        slot[0] = max(slot[0], key.abs().max().float().item())
+        slot[1] = max(slot[1], value.abs().max().float().item())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(KV_IMPL, attention)
+    AttentionMaskInterface.register(KV_IMPL, sdpa_mask)
+    model = AutoModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation=KV_IMPL).eval()
+    for sub, mod in model.named_modules():
+        name = f"{prefix}.{sub}" if prefix and sub else (prefix or sub)
+        names[id(mod)] = name
+        if isinstance(mod, torch.nn.Linear):
+            mod.register_forward_pre_hook(lambda m, args, name=name: record(name, args[0]))
+        elif isinstance(getattr(mod, "gate_up_proj", None), torch.nn.Parameter) and mod.gate_up_proj.dim() == 3:
+            assert not getattr(mod, "is_transposed", False) and not getattr(mod, "has_bias", False)
+            mod.config._experts_implementation = "eager"  # transformers' own loop computes the output
+            mod.register_forward_pre_hook(lambda m, args, name=name: _experts_inputs(m, name, *args[:2], record))
+    with torch.no_grad():
         for s in samples:
             model(input_ids=torch.tensor([s]))
-    return rec
+    return inputs, {k: tuple(v) for k, v in kv.items()}
+
+
+def _experts_inputs(mod, name: str, hidden, top_k_index, record) -> None:
+    """Per expert: its routed tokens (gate and up input) and ``act(gate) * up`` (down input), from the expert's weights."""
+    for e in range(mod.gate_up_proj.shape[0]):
+        routed = (top_k_index == e).any(dim=-1)
+        if not routed.any():
+            continue
+        x = hidden[routed]
+        gate, up = torch.nn.functional.linear(x, mod.gate_up_proj[e]).chunk(2, dim=-1)  # gate rows first (transformers 5)
+        for role in ("gate_proj", "up_proj"):
+            record(f"{name}.{e}.{role}", x)
+        record(f"{name}.{e}.down_proj", mod.act_fn(gate) * up)
 
 
 def _streamed(folder: str, data: str):
@@ -53,12 +98,14 @@ def _streamed(folder: str, data: str):
 def test_streamed_equals_whole_model(tmp_path, build, prefix):
     folder = build(str(tmp_path / "src"))
     doc = _streamed(folder, _jsonl(tmp_path / "c.jsonl"))
-    ref = _whole_model(folder, prefix, SAMPLES)
+    ref, ref_kv = _whole_model(folder, prefix, SAMPLES)
     assert doc.modules, "nothing recorded"
-    assert set(doc.modules) == set(ref.inputs)
-    for name, stat in ref.inputs.items():
-        assert doc.modules[name] == {"amax": stat.amax, "tokens": stat.tokens}, name
-    assert {k: (v["k_amax"], v["v_amax"]) for k, v in doc.kv.items()} == {k: (v["k"].amax, v["v"].amax) for k, v in ref.kv.items()}
+    seen = {n: e for n, e in doc.modules.items() if e["tokens"]}  # an expert no token reached: amax 0, tokens 0
+    assert all(e == {"amax": 0, "tokens": 0} for n, e in doc.modules.items() if n not in seen)
+    assert set(seen) == set(ref)
+    for name, stat in ref.items():
+        assert doc.modules[name] == stat, name
+    assert ref_kv and {k: (v["k_amax"], v["v_amax"]) for k, v in doc.kv.items()} == ref_kv
     if build is builders.qwen3_moe:  # per expert, and the routed tokens add up to top-k per token
         experts = [n for n in doc.modules if ".experts." in n and n.endswith("gate_proj") and n.startswith("model.layers.0.")]
         assert len(experts) == 8
