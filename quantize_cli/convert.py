@@ -35,8 +35,9 @@ from .plan.build import Plan
 from .plan.options import Checked, ConvertOptions
 from .plan.output_paths import check_json_output
 from .plan.steps import check_options, make_plan, print_plan, raise_problems
-from .run import prefetch
-from .run.context import RunContext, warm_device
+from .devices import device_label
+from .run import prefetch, startup
+from .run.context import RunContext
 from .run.options import RunChecked, check_run_options, resolve_run
 
 
@@ -64,6 +65,13 @@ class _Report:
 def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
     """Run `opts` (see the module docstring). Raises QuantizeError subclasses for every user-facing
     failure; DST only ever appears complete."""
+    try:
+        return _convert(opts, console)
+    finally:
+        startup.end()  # what was started ahead (Ray, its workers) and no executor adopted
+
+
+def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     t0 = time.perf_counter()
     con = console or Console(opts.quiet)
     report = _Report(opts.report)
@@ -73,8 +81,8 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
         preflight(opts, finished)
         how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
-        warm_device(how.device)
-        plan = make_plan(opts, ok, con, how.device)
+        startup.begin(how, opts, finished)  # the device warms up, or Ray and its workers start, while we plan
+        plan = make_plan(opts, ok, con, how.first_device)
     except QuantizeError as exc:  # "written on failure too": a refused option or SRC as well
         _report_refusal(opts, report, exc)
         raise
@@ -105,8 +113,9 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     doc = run_report(plan, options, stats, timings, work.dst)
-    if getattr(stats, "ray", None):
-        doc["ray"] = stats.ray
+    for part in ("ray", "devices"):  # where each shard was written: Ray workers, or the devices of --device a,b
+        if getattr(stats, part, None):
+            doc[part] = getattr(stats, part)
     result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con))
     rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
     speed = f", {rate:.2f} GB/s of input" if plan.bytes_in >= 1e8 else ""
@@ -143,7 +152,7 @@ def preflight(opts: ConvertOptions, finished: bool) -> None:
 
 def _run_settings(opts: ConvertOptions, how: RunChecked) -> dict:
     """How this run executes (never what it writes): the report lists them beside the identity."""
-    device = f"{how.ray_device} (ray tasks)" if how.ray_device else str(how.device)
+    device = f"{how.ray_device} (ray workers)" if how.ray_device else device_label(how.device)
     return {"device": device, "memory_budget": str(opts.memory_budget), "kernels": how.kernels, "executor": opts.executor}
 
 

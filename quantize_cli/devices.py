@@ -20,6 +20,8 @@ def resolve_device(device: str) -> torch.device:
     import torch
 
     device = (device or "auto").lower()
+    if "," in device:
+        raise UsageError(f"--device {device}: one device here (several are for convert: one pipeline each)")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -36,6 +38,20 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def resolve_devices(device: str):
+    """:func:`resolve_device`, or for a comma-separated list (``cuda:0,cuda:1``: convert runs one
+    pipeline per device, run/local_devices.py) a tuple of devices."""
+    items = (device or "auto").lower().split(",")
+    if len(items) == 1:
+        return resolve_device(items[0])
+    return tuple(resolve_device(d) for d in items)
+
+
+def device_label(device) -> str:
+    """A device, a tuple of them or a name, as the report and messages write it (``cuda:0,cuda:1``)."""
+    return ",".join(map(str, device)) if isinstance(device, tuple) else str(device)
+
+
 def check_device_name(device: str | None) -> str:
     """`device` normalised, or the usage error ``resolve_device`` would give, without importing torch:
     ``auto``, ``cpu``, ``cuda``, ``cuda:N``. Whether the GPU exists is ``resolve_device``'s question."""
@@ -43,6 +59,8 @@ def check_device_name(device: str | None) -> str:
 
     name = (device or "auto").lower()
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        return name
+    if re.fullmatch(r"(cpu|cuda(:\d+)?)(,(cpu|cuda(:\d+)?))+", name):  # one pipeline per device (convert)
         return name
     if re.fullmatch(r"[a-z_]+(:\d+)?", name):
         raise UsageError(f"--device {device!r}: only cpu and cuda devices are supported")
@@ -58,6 +76,6 @@ def without_torch(device: str | None, auto_is_read: bool) -> str | None:
     ``cuda:N``, a typo) is checked by :func:`resolve_device`, with its errors.
     """
     name = (device or "auto").lower()
-    if name == "cpu" or (name == "auto" and not auto_is_read):
+    if set(name.split(",")) == {"cpu"} or (name == "auto" and not auto_is_read):
         return name
     return None

@@ -107,17 +107,30 @@ def test_partition_writes_every_output_once_and_splits_groups(sources):
     assert not any(u.needs_amax for u in partition(prepare(sources["dense"], "FP8_PB_WO", max_shard_size=SHARD)))
 
 
-def test_split_group_amax_task_equals_the_executor(sources):
-    """The driver's amax (an amax task) equals the executor's own value for the whole group."""
-    import torch
+def test_a_split_group_reads_every_member_for_its_amax_and_quantizes_its_own(sources):
+    """A fused group cut by a shard boundary: each unit's steps take the amax of every member (the
+    local executor's steps, so the same value), and quantize only the members with outputs in its
+    shard; members written by the other shard are read for their amax only."""
+    from quantize_cli.run.schedule import Amax, Hold, Quantize, Schedule, Share
+    from quantize_cli.run.shard_stream import unit_steps
 
     plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
-    task = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax)
-    from quantize_cli.modules.experts import read_rows
-
-    expect = torch.stack([plan.scheme.global_amax(read_rows(m.source, 0, m.source.shape[0])) for m in task.members]).amax()
-    got = ray_tasks.group_amax([m.source for m in task.members])
-    assert got.dtype == expect.dtype and torch.equal(got, expect)
+    schedule = Schedule(plan)
+    seen = 0
+    for u in partition(plan):
+        for i, sub in u.tasks:
+            if i not in u.needs_amax:
+                continue
+            task, steps = unit_steps(schedule, plan, i, sub)
+            whole = plan.tasks[i]
+            mine = {m.module for m in sub.members}
+            assert 0 < len(mine) < len(whole.members) and task.outputs == sub.outputs
+            amaxed = {whole.members[s.slot].module for s in steps if isinstance(s, (Amax, Hold))}
+            assert amaxed == {m.module for m in whole.members}  # every member's amax
+            assert {s.member.module for s in steps if isinstance(s, Quantize)} == mine  # only its own members quantized
+            assert [s.slots for s in steps if isinstance(s, Share)] == [tuple(range(len(whole.members)))]
+            seen += 1
+    assert seen >= 2  # both sides of at least one boundary
 
 
 def test_worker_killed_mid_write_is_retried_to_the_same_bytes(cluster, sources, tmp_path):

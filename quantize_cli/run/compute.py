@@ -17,6 +17,7 @@ import torch
 from .finite import check_finite, finite_flag, raise_non_finite, refuse_non_finite_copy
 from .pipeline import Read, Timers
 from ..plan.build import Member, Plan, Task
+from .stats import RunStats
 from .schedule import Amax, Const, Copy, Hold, PackExperts, PackGroup, Quantize, Share, Step
 from ..schemes.numerics import error_fields, square_sums
 from ..schemes.rtn_baseline import error_reduction, searched_baseline
@@ -47,19 +48,6 @@ class ErrorStats:
         if self.noise_rtn is not None:
             out.update(error_reduction(self.signal, self.noise, self.noise_rtn))
         return out
-
-
-@dataclass
-class RunStats:
-    bytes_read: int = 0
-    peak_inflight: int = 0
-    peak_held: int = 0  # quantized MoE experts held for packing (one slice of a layer)
-    baseline_rss: int = 0  # the process's RSS once the device was warm (host_memory.py), when counted
-    pinned_trims: int = 0  # times the pinned host pool was given back to CUDA (host_memory.PinnedPool)
-    warmed: int = 0  # source bytes the start-up warm-up asked the kernel to read ahead (prefetch.py)
-    errors: dict = field(default_factory=dict)  # module -> ErrorStats
-    stages: dict = field(default_factory=dict)  # pipeline stage -> seconds (threads overlap)
-    warnings: list = field(default_factory=list)  # printed by the caller after the run
 
 
 @dataclass

@@ -15,7 +15,15 @@ from .context import RunContext, executor_sizes
 
 
 def produce(plan, work, done: set[int], ctx: RunContext):
-    """Write `plan`'s remaining tasks into ``work.partial``; returns the run's statistics (RunStats)."""
+    """Write `plan`'s remaining tasks into ``work.partial``; returns the run's statistics (RunStats).
+    Several devices (``--device cuda:0,cuda:1``): one pipeline per device (local_devices.py)."""
+    if isinstance(ctx.device, tuple):
+        from . import local_devices
+
+        warmed = prefetch.stop()
+        stats = local_devices.produce(plan, work, done, ctx)
+        stats.warmed = warmed
+        return stats
     from tqdm import tqdm
 
     from ..checkpoint.writer import ShardWriter

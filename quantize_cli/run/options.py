@@ -20,6 +20,11 @@ class RunChecked:
     ray_device: str | None
     kernels: str
 
+    @property
+    def first_device(self):
+        """The device calibration runs on: the first of several (``--device cuda:0,cuda:1``)."""
+        return self.device[0] if isinstance(self.device, tuple) else self.device
+
 
 def check_run_options(opts, fmt) -> RunChecked:
     """Usage errors of the run options of `opts` (ConvertOptions) for output format `fmt`; no torch."""
@@ -38,16 +43,20 @@ def check_run_options(opts, fmt) -> RunChecked:
 
 def resolve_run(how: RunChecked, opts, fmt) -> RunChecked:
     """The device resolved through torch (CUDA present, the index valid), and --kernels against it."""
-    from ..devices import resolve_device, without_torch
+    from ..devices import resolve_devices, without_torch
     from .kernel_choice import check_kernels
 
+    calibrating = any(v is not None for v in (opts.calib_data, opts.act_scales, opts.calib_samples, opts.calib_seq_len))
+    if how.ray_device is not None and not calibrating:  # the Ray driver computes nothing: no torch in it (seconds)
+        return replace(how, kernels=check_kernels(how.kernels, how.ray_device, fmt.reference_math_only))
     # A dry run reads no tensor: there the device stays a name (no torch) unless calibration runs on
     # it, or something reads what "auto" resolves to (--report records it, --kernels triton checks it)
-    calibrating = any(v is not None for v in (opts.calib_data, opts.act_scales, opts.calib_samples, opts.calib_seq_len))
     auto_is_read = bool(opts.report) or how.kernels == "triton"
     kept = without_torch(how.device, auto_is_read) if opts.dry_run and not calibrating else None
-    dev = kept or resolve_device(how.device)
-    return replace(how, device=dev, kernels=check_kernels(how.kernels, how.ray_device or dev, fmt.reference_math_only))
+    dev = kept or resolve_devices(how.device)
+    for d in dev if isinstance(dev, tuple) else (dev,):
+        kernels = check_kernels(how.kernels, how.ray_device or d, fmt.reference_math_only)
+    return replace(how, device=dev, kernels=kernels)
 
 
 __all__ = ["RunChecked", "check_run_options", "resolve_run"]

@@ -244,6 +244,8 @@ class AsyncWriter:
             if self.on_task_parts is not None:
                 self.on_task_parts(index, parts)
             self.on_task_written(index, checksum.task_digest(parts))
+        elif kind == "call":
+            item[1](self._error)
 
     def _run(self) -> None:
         while True:
@@ -253,6 +255,8 @@ class AsyncWriter:
             if self._error is not None:
                 if item[0] == "write":
                     self.budget.release(item[4])
+                elif item[0] == "call":  # told of the error: a caller waiting on it must not hang
+                    self._call_quietly(item[1])
                 continue
             try:
                 self._do(item)
@@ -295,6 +299,18 @@ class AsyncWriter:
         self._raise()
         item = ("task", index, names)
         self._do(item) if self._q is None else self._q.put(item)
+
+    def call(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Run ``fn(error)`` on the write thread once every earlier item is done; ``error`` is the
+        failure that stopped the writes, or None (a shard worker closes a finished shard here)."""
+        item = ("call", fn)
+        self._do(item) if self._q is None else self._q.put(item)
+
+    def _call_quietly(self, fn) -> None:
+        try:
+            fn(self._error)
+        except BaseException:  # noqa: BLE001 - the first error is the one reported
+            pass
 
     def abort(self, timeout: float | None = None) -> bool:
         """After a failure elsewhere: drop every queued write and join the thread.

@@ -1,38 +1,43 @@
-"""``--executor ray``: one conversion as Ray tasks across processes, GPUs and machines, same bytes.
+"""``--executor ray``: one conversion across processes, GPUs and machines, same bytes.
 
-The driver keeps every decision that spans shards: it splits the plan into one unit per output
-shard (:mod:`.partition`), computes the shared amax of fused groups split across units with small
-amax tasks, and hands it to the shard tasks. Each shard task (:mod:`.ray_tasks`) writes its shard
-into the shared work folder with the local executor and writer, on whatever node Ray places it, and
-returns the digest of every output tensor it wrote. The driver joins them per plan task and journals
-each task once all of its parts are in, exactly as the local executor does (``--resume`` after a
-driver crash skips the tasks whose bytes still match). Like every executor it only produces bytes:
-the output lifecycle (output/workfolder.py) finishes, verifies, seals and commits.
+The driver (this module; it never imports torch) joins or starts Ray on a background thread as soon
+as the options are checked (:func:`start_early`), and creates the workers at once: one long-lived
+actor per GPU, or per :data:`CPUS_PER_WORKER` CPUs of each node (:class:`~.ray_tasks.ShardWorker`).
+Their start (a process, torch, a CUDA context, the Triton kernels) overlaps the driver's planning.
+Then each worker probes its node and receives the plan once; the driver splits the plan into one
+unit per output shard (:mod:`.partition`) and hands the units out, largest first, from a dynamic
+queue (:mod:`.dispatch`); each worker writes its shards into the shared work folder through one
+pipeline that streams from shard to shard. The driver joins the per-output digests the workers
+return and journals each task once all of its parts are in, exactly as the local executor does
+(``--resume`` may switch executors). Like every executor it only produces bytes: the output
+lifecycle (output/workfolder.py) finishes, verifies, seals and commits.
 
-Ray retries a task whose worker or node died (``max_retries``); an error raised by the
-conversion itself (NaN, a bad tensor) is not retried and stops the run with its own message.
+A worker that dies (its process, its node) has its shards redone by the others (dispatch.py); an
+error raised by the conversion itself (NaN, a bad tensor) stops the run with its own message.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import uuid
 
 from ..errors import DestinationError, QuantizeError, UsageError
-from . import ray_tasks
 from .context import executor_sizes
-from .execute import RunStats
-from .partition import group_amax_sources, partition
+from .dispatch import WAIT_S, WorkerLost, dispatch
+from .partition import partition
+from .stats import merge
 
-MAX_RETRIES = 3  # per task, for dead workers or nodes (Ray's own retry)
-WAIT_S = 0.5  # how often the driver refreshes the progress bar
+CPUS_PER_WORKER = 4  # --device cpu: one worker per this many CPUs of a node (torch's threads)
+STRAGGLER_S = 120  # once one worker is ready, how long the others get to start before the run goes on without them
+SAY_WAITING_S = 30  # no worker ready after this long: say why we wait
 
 
 class RayRunError(DestinationError):
-    """The Ray cluster failed the run (unreachable, lost, tasks out of retries). The work folder
-    is kept (hence a :class:`DestinationError`): rerun with ``--resume``."""
+    """The Ray cluster failed the run (unreachable, lost, workers gone). The work folder is kept
+    (hence a :class:`DestinationError`): rerun with ``--resume``."""
 
 
 def import_ray():
@@ -52,107 +57,130 @@ def check_options(executor: str, device: str) -> str:
     return check_device(device)
 
 
-def produce(plan, work, done: set[int], ctx):
-    """Write `plan`'s tasks not in `done` into ``work.partial`` with Ray tasks; journal each task.
-
-    Returns merged :class:`RunStats` with a ``ray`` attribute for the report."""
-    ray = import_ray()
-    started = connect(ray, ctx.ray_address, ctx.info)
-    try:
-        device = _pick_device(ray, ctx.ray_device or "auto")
-        nodes = _probe(ray, plan, work.partial, ctx.hub)
-        units = partition(plan)
-        uctx = ray_tasks.UnitContext(work.partial, device, ctx.budget, ctx.measure, ctx.hub,
-                                     executor_sizes=executor_sizes(ctx.budget), kernels=ctx.kernels)
-        results = _run_units(ray, plan, units, uctx, done, work.journal, ctx)
-    finally:
-        if started:
-            ray.shutdown()
-    stats = _merge([r.get("stats") for r in results.values()])
-    address = ctx.ray_address or os.environ.get("RAY_ADDRESS") or "local"
-    stats.ray = {"address": address, "device": device, "nodes": nodes,
-                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
-                            | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
-                            for _, r in sorted(results.items())]}
-    return stats
-
-
 def check_device(device: str) -> str:
-    """``--device`` for Ray tasks: ``cpu``, ``cuda`` (a GPU per task; ``cuda:N`` means the same:
-    Ray picks the GPU) or ``auto`` (GPUs when the cluster has any). The driver needs no GPU."""
+    """``--device`` for Ray workers: ``cpu``, ``cuda`` (a GPU per worker; ``cuda:N`` means the
+    same: Ray picks the GPUs) or ``auto`` (GPUs when the cluster has any). The driver needs no GPU."""
     d = (device or "auto").lower()
+    if "," in d:
+        raise UsageError(f"--device {device} --executor ray: Ray gives every GPU of the cluster a worker; use --device cuda")
     if d in ("auto", "cpu") or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()):
         return "cuda" if d.startswith("cuda") else d
     raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N")
 
 
-class _Progress:
-    """Per-run, per-shard consumed source bytes, set by the shard tasks, read by the driver's bar.
-
-    One named actor per Ray session serves every run (starting an actor process costs seconds)."""
-
-    def __init__(self):
-        self.done: dict[str, dict[int, int]] = {}
-
-    def set(self, run: str, shard: int, n: int) -> None:
-        self.done.setdefault(run, {})[shard] = n
-
-    def total(self, run: str) -> int:
-        return sum(self.done.get(run, {}).values())
-
-    def drop(self, run: str) -> None:
-        self.done.pop(run, None)
+# -- starting early ---------------------------------------------------------------------------------
+_early: list["Boot"] = []  # the start begun by start_early, until produce adopts it
 
 
-class _Bar:
-    """The driver's progress bar over source bytes, refreshed from the actor without blocking."""
+def start_early(address: str | None, device: str) -> None:
+    """Join or start Ray and create the workers on a background thread, now (convert calls this
+    once the options are checked; :func:`produce` adopts it; :func:`abandon_early` ends it)."""
+    abandon_early()
+    _early.append(Boot(address, device))
 
-    def __init__(self, ray, plan, run):
-        from tqdm import tqdm
 
-        self.ray, self.run = ray, uuid.uuid4().hex
-        self.actor = ray.remote(num_cpus=0)(_Progress).options(name="quantize-progress", namespace="quantize",
-                                                               get_if_exists=True, lifetime=None).remote()
-        self.bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize (ray)",
-                        disable=run.quiet or not sys.stderr.isatty())
-        self._ask = None
+def abandon_early() -> None:
+    """End a start that no run adopted (the plan was refused): workers killed, Ray stopped if ours."""
+    while _early:
+        _early.pop().close()
 
-    def refresh(self) -> None:
+
+def _adopt(address: str | None, device: str) -> "Boot":
+    boot = _early.pop() if _early else None
+    abandon_early()
+    if boot is not None and (boot.address, boot.requested) == (address, device):
+        return boot
+    if boot is not None:
+        boot.close()
+    return Boot(address, device)
+
+
+class Boot:
+    """Ray joined (or started) and the workers created, on a thread (see :func:`start_early`).
+
+    After :meth:`wait`: ``ray``, ``started`` (this run started Ray or joined by address: it ends
+    that at :meth:`close`), ``device`` (``cuda``/``cpu``), ``workers`` (actor handles), ``timings``."""
+
+    def __init__(self, address: str | None, device: str):
+        self.address, self.requested = address, device
+        self.ray, self.started, self.device, self.workers, self.specs = None, False, device, [], []
+        self.timings: dict = {}
+        self.message = ""
+        self.error: BaseException | None = None
+        self._t0 = time.perf_counter()
+        self._ready, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._start, daemon=True, name="quantize-ray-start")
+        self._thread.start()
+
+    def _start(self) -> None:
         try:
-            if self._ask is not None and self.ray.wait([self._ask], timeout=0)[0]:
-                self.bar.update(max(0, self.ray.get(self._ask) - self.bar.n))
-                self._ask = None
-            if self._ask is None and not self.bar.disable:
-                self._ask = self.actor.total.remote(self.run)
-        except Exception:  # noqa: BLE001 - the bar is cosmetic; task failures surface elsewhere
-            self._ask = None
+            self.ray = import_ray()
+            self.started, self.message = connect(self.ray, self.address)
+            self.timings["connect_s"] = round(time.perf_counter() - self._t0, 3)
+            self.device = _pick_device(self.ray, self.requested)
+            specs = worker_specs(self.ray, self.device)
+            kept = None if self.started else _checkout(self.ray, self.device, specs)
+            self.specs = specs
+            self.workers = kept or [_create(self.ray, self.device, s) for s in specs]
+            self.timings["workers_kept"] = bool(kept)
+        except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the driver's thread
+            self.error = exc
+        self._ready.set()
+        # Ray starts a local instance's processes (raylet, GCS) with a parent-death signal, which
+        # Linux sends when the *thread* that started them ends: this thread lives until close().
+        self._release.wait()
 
-    def close(self) -> None:
-        self.bar.close()
+    def wait(self) -> "Boot":
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def close(self, reusable: bool = False) -> None:
+        """Kill the workers (or keep them for the next run in this Ray session); stop Ray if ours."""
+        self._ready.wait()
         try:
-            self.actor.drop.remote(self.run)
-        except Exception:  # noqa: BLE001
-            pass
+            self._close(reusable)
+        finally:
+            self._release.set()
+
+    def _close(self, reusable: bool) -> None:
+        ray = self.ray
+        if ray is None or not ray.is_initialized():
+            return
+        if self.started:
+            ray.shutdown()
+        elif reusable:  # the caller's own Ray session: keep the warm workers for its next run
+            _checkin(ray, self.device, self.workers)
+        else:
+            for w in self.workers:
+                try:
+                    ray.kill(w)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.workers = []
 
 
-def connect(ray, address: str | None, say) -> bool:
+def connect(ray, address: str | None) -> tuple[bool, str]:
     """Join the cluster at `address` (or ``RAY_ADDRESS``), or start a local instance. Returns
-    True when this call started Ray (so the run shuts it down)."""
+    (whether this call initialised Ray, so the run shuts it down; a line for the console)."""
     if ray.is_initialized():
-        return False
+        return False, "ray: using this process's Ray session"
     address = address or os.environ.get("RAY_ADDRESS") or None
     _reachable(address)
+    # A local instance's workers at normal priority: Ray starts them at nice 15, so that on a busy
+    # machine they get a small share of the CPUs (the local executor gets a full one).
+    own = {} if address else {"_system_config": {"worker_niceness": 0}}
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-                 configure_logging=True)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True,
+                 **own)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError by version
         where = address or "a local instance"
         raise RayRunError(f"--executor ray: cannot connect to {where} ({type(exc).__name__}: {_first(exc)}); "
                           f"start the cluster (ray start --head) or fix --ray-address") from None
     res = ray.cluster_resources()
-    say(f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
-             f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
-    return True
+    return True, (f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
+                  f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
 
 
 def _reachable(address: str | None, timeout_s: float = 10) -> None:
@@ -184,41 +212,309 @@ def _pick_device(ray, device: str) -> str:
     return device
 
 
-def _probe(ray, plan, folder: str, hub) -> list[str]:
-    """One probe task per alive node: each writes a token into the work folder, which the driver
-    must then see, and checks that a local source is readable there. Returns the node hosts."""
+# -- the workers -------------------------------------------------------------------------------------
+def worker_specs(ray, device: str) -> list[dict]:
+    """One worker per GPU of every alive node (``cuda``), or per :data:`CPUS_PER_WORKER` CPUs
+    (``cpu``; a node with fewer gets one worker with all of them): ``[{node, num_cpus, num_gpus}]``."""
+    specs = []
+    for n in sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"]):
+        cpus, gpus = int(n["Resources"].get("CPU", 0)), int(n["Resources"].get("GPU", 0))
+        if device == "cuda":
+            specs += [{"node": n["NodeID"], "num_gpus": 1, "num_cpus": 1 if cpus >= gpus else 0}] * gpus
+        elif cpus:
+            k = max(1, cpus // CPUS_PER_WORKER)
+            specs += [{"node": n["NodeID"], "num_gpus": 0, "num_cpus": cpus // k}] * k
+    if not specs:
+        raise RayRunError(f"--executor ray: the Ray cluster has no {'GPU' if device == 'cuda' else 'CPU'} for a worker; "
+                          f"add nodes with resources or use another --device")
+    return specs
+
+
+def _create(ray, device: str, spec: dict):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    import glob
+    from .ray_tasks import CONCURRENCY, ShardWorker
 
-    for stale in glob.glob(os.path.join(glob.escape(folder), ".ray-probe-*")):  # from a run that failed its probe
-        os.unlink(stale)
-    token = uuid.uuid4().hex
-    sources = [] if hub else sorted({t.path for t in plan.source.tensors.values()})
-    probe = ray.remote(ray_tasks.probe)
-    refs = [probe.options(num_cpus=0, max_retries=MAX_RETRIES, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(folder, token, sources) for n in ray.nodes() if n.get("Alive")]
-    hosts = [w["host"] for w in _get(ray, refs, "probing the Ray nodes")]
-    for host in hosts:
-        path = os.path.join(folder, f".ray-probe-{token}-{host}")
-        try:
-            with open(path) as f:
-                ok = f.read() == token
-            os.unlink(path)
-        except OSError:
-            ok = False
-        if not ok:
-            raise DestinationError(f"{folder}: a file written there by node {host} is not visible here; DST must be on "
-                                   f"storage every Ray node shares with the driver (NFS, a parallel file system)")
-    return sorted(set(hosts))
+    return (ray.remote(ShardWorker)
+            .options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"], max_concurrency=CONCURRENCY, max_restarts=0,
+                     scheduling_strategy=NodeAffinitySchedulingStrategy(spec["node"], soft=True))
+            .remote(device, max(1, spec["num_cpus"])))
 
 
-def _get(ray, refs, what: str):
-    """ray.get with the conversion's own errors re-raised as they are and Ray's failures as one line."""
+# Workers kept between runs of one process that uses its own Ray session (a library caller, the
+# tests): warm workers start the next run at once. Keyed by the session, device and worker layout.
+_pool: dict[tuple, list] = {}
+_pool_lock = threading.Lock()
+
+
+def _pool_key(ray, device: str, specs: list[dict]) -> tuple:
+    return (ray.get_runtime_context().get_job_id(), device, tuple(tuple(sorted(s.items())) for s in specs))
+
+
+def _checkout(ray, device: str, specs: list[dict]):
+    key = _pool_key(ray, device, specs)
+    with _pool_lock:
+        for stale in [k for k in _pool if k[0] == key[0] and k != key]:  # the cluster changed: start afresh
+            for w in _pool.pop(stale):
+                ray.kill(w)
+        return _pool.pop(key, None)
+
+
+def _checkin(ray, device: str, workers: list) -> None:
+    specs = worker_specs(ray, device)
+    with _pool_lock:
+        _pool[_pool_key(ray, device, specs)] = list(workers)
+
+
+# -- the run -----------------------------------------------------------------------------------------
+def produce(plan, work, done: set[int], ctx):
+    """Write `plan`'s tasks not in `done` into ``work.partial`` with Ray workers; journal each task.
+
+    Returns merged :class:`~.stats.RunStats` with a ``ray`` attribute for the report."""
+    t0 = time.perf_counter()
+    boot = _adopt(ctx.ray_address, ctx.ray_device or "auto").wait()
+    ctx.info(boot.message)
+    ok, bar, pool = False, None, None
     try:
-        return ray.get(refs)
-    except Exception as exc:  # noqa: BLE001
-        raise _translate(ray, exc, what) from None
+        pool = _Workers(boot, plan, work.partial, ctx)
+        boot.timings["workers_ready_s"] = round(time.perf_counter() - boot._t0, 3)
+        boot.timings["driver_wait_s"] = round(time.perf_counter() - t0, 3)
+        bar = pool.bar = _Bar(boot.ray, plan, pool, ctx.quiet)
+        bar.update(sum(plan.tasks[i].bytes_in for i in done))
+        ahead = executor_sizes(ctx.budget)["budget_bytes"] * 3 // 5
+        results = dispatch(pool, plan, partition(plan), done, work.journal, ahead, ctx.warn)
+        if done:
+            ctx.info(f"resuming: {sum(r['skipped'] for r in results.values())} of {len(results)} shard(s) complete")
+        stats = merge(_finish(boot.ray, [pool.actors[w] for w in sorted(pool.live)]))
+        ok = True
+    finally:
+        if bar is not None:
+            bar.close()
+        whole = pool is not None and not pool.replaced and len(pool.live) == len(boot.specs)
+        if pool is not None:
+            boot.workers = pool.actors
+        boot.close(reusable=ok and whole)  # warm workers kept for this session's next run only when all are well
+    address = ctx.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+    stats.ray = {"address": address, "device": boot.device, "nodes": sorted({w["host"] for w in pool.where if w}),
+                 "workers": [w for w in pool.where if w], "start_s": boot.timings,
+                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
+                            | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
+                            for _, r in sorted(results.items())]}
+    return stats
+
+
+class _Workers:
+    """The run's Ray workers as dispatch.py sees them (see dispatch's module docstring).
+
+    Built once every worker has probed its node and taken the plan (:meth:`_start_all`); a lost
+    worker is replaced by a new one of the same resources (Ray places it where there is room)."""
+
+    def __init__(self, boot: Boot, plan, folder: str, ctx):
+        import glob
+
+        from .ray_tasks import UnitContext
+
+        self.ray, self.boot, self.folder, self.say, self.bar = boot.ray, boot, folder, ctx.info, None
+        for stale in glob.glob(os.path.join(glob.escape(folder), ".ray-probe-*")):  # from a run that failed its probe
+            os.unlink(stale)
+        self.token = uuid.uuid4().hex
+        sources = [] if ctx.hub else sorted({t.path for t in plan.source.tensors.values()})
+        self.args = (folder, self.token, sources, self.ray.put(plan), UnitContext(folder, ctx.budget, ctx.measure, ctx.hub, ctx.kernels))
+        self.actors: list = list(boot.workers)
+        self.specs: list = list(boot.specs)
+        self.where: list = [None] * len(self.actors)
+        self.live: set[int] = set()
+        self._owner: dict = {}  # handle -> worker
+        self._starting: dict = {}  # prepare ref -> (worker, deadline)
+        self.replaced = 0
+        self._start_all(ctx)
+        self.workers = sorted(self.live)
+
+    # -- starting -----------------------------------------------------------------------------------
+    def _start_all(self, ctx) -> None:
+        """Wait for every worker's probe (a straggler gets STRAGGLER_S after the first is ready, then
+        the run goes on without it); refuse a DST some worker's node does not share, before any
+        shard is written."""
+        ray = self.ray
+        refs = {self.actors[w].prepare.remote(*self.args): w for w in range(len(self.actors))}
+        lost, first, said = [], None, False
+        while refs:
+            timeout = WAIT_S if first is None else max(0.0, first + STRAGGLER_S - time.monotonic())
+            got, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+            if not got:
+                if first is not None:
+                    break
+                if not said and time.perf_counter() - self.boot._t0 > SAY_WAITING_S:
+                    ctx.info(f"ray: waiting for {len(refs)} worker(s) to start (are the cluster's "
+                             f"{'GPUs' if self.boot.device == 'cuda' else 'CPUs'} busy?)")
+                    said = True
+                continue
+            w = refs.pop(got[0])
+            try:
+                self._ready(w, ray.get(got[0]))
+            except ray.exceptions.RayActorError as exc:
+                lost.append(_first(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001
+                raise _translate(ray, exc, "preparing the Ray workers") from None
+            first = first or time.monotonic()
+        for w in refs.values():  # stragglers: they hold no shard yet
+            self._drop(w)
+        if refs or lost:
+            ctx.warn(f"ray: {len(refs) + len(lost)} of {len(self.actors)} worker(s) did not start "
+                     f"({lost[0] if lost else f'not ready {STRAGGLER_S} s after the first'}); going on with {len(self.live)}")
+        if not self.live:
+            raise RayRunError(f"--executor ray: no worker started ({lost[0] if lost else 'none ready'}); the work folder is "
+                              f"kept: rerun with --resume once the cluster is healthy")
+
+    def _ready(self, w: int, where: dict) -> None:
+        _check_probe(self.folder, self.token, where)
+        self.where[w] = where
+        self.live.add(w)
+
+    def _drop(self, w: int) -> None:
+        try:
+            self.ray.kill(self.actors[w])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.live.discard(w)
+
+    def replace(self, w: int) -> None:
+        """Start a worker like lost worker `w` (at most twice as many replacements as workers)."""
+        self._drop(w)
+        if self.replaced >= 2 * len(self.specs):
+            return
+        self.replaced += 1
+        spec = self.specs[w]
+        self.actors.append(_create(self.ray, self.boot.device, spec))
+        self.specs.append(spec)
+        self.where.append(None)
+        self._starting[self.actors[-1].prepare.remote(*self.args)] = (len(self.actors) - 1, time.monotonic() + STRAGGLER_S)
+
+    def joined(self) -> list[int]:
+        """Replacements that are ready now (probed, plan taken)."""
+        if not self._starting:
+            return []
+        ray, new = self.ray, []
+        got, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        for ref in got:
+            w, _ = self._starting.pop(ref)
+            try:
+                self._ready(w, ray.get(ref))
+                new.append(w)
+            except ray.exceptions.RayActorError:
+                pass
+            except Exception as exc:  # noqa: BLE001
+                raise _translate(ray, exc, "starting a Ray worker") from None
+        for ref, (w, deadline) in list(self._starting.items()):
+            if time.monotonic() > deadline:  # no room for it in the cluster
+                del self._starting[ref]
+                self._drop(w)
+        return new
+
+    def starting(self) -> int:
+        return len(self._starting)
+
+    # -- the units ----------------------------------------------------------------------------------
+    def submit(self, w: int, unit, unit_done: frozenset):
+        ref = self.actors[w].run.remote(unit.shard, unit_done)
+        self._owner[ref] = w
+        return ref
+
+    def wait(self, handles: list, timeout: float) -> list:
+        if not handles:
+            time.sleep(timeout)
+            return []
+        ready, rest = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready and rest:
+            ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        return ready
+
+    def result(self, handle) -> dict:
+        ray = self.ray
+        w = self._owner.pop(handle, None)
+        try:
+            return ray.get(handle)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError) as exc:
+            self.live.discard(w)
+            raise WorkerLost(f"{type(exc).__name__}: {_first(exc)}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(ray, exc, "writing the shards") from None
+
+    def cancel(self, handles: list) -> None:
+        """Stop every worker's pipeline (a first error or Ctrl-C ends the run) and wait a moment."""
+        stops = []
+        for w in self.live:
+            try:
+                stops.append(self.actors[w].abort.remote())
+            except Exception:  # noqa: BLE001 - the actor is gone
+                pass
+        try:
+            self.ray.wait(stops + list(handles), num_returns=len(stops) + len(handles), timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.refresh()
+
+
+def _check_probe(folder: str, token: str, where: dict) -> None:
+    from .ray_tasks import probe_name
+
+    path = os.path.join(folder, probe_name(token, where["node_id"], where["host"]))
+    try:
+        with open(path) as f:
+            ok = f.read() == token
+        os.unlink(path)
+    except OSError:
+        ok = False
+    if not ok:
+        raise DestinationError(f"{folder}: a file written there by node {where['host']} ({where['node_id'][:12]}) is not "
+                               f"visible here; DST must be on storage every Ray node shares with the driver (NFS, a parallel "
+                               f"file system)")
+
+
+def _finish(ray, actors: list) -> list:
+    """Every live worker's statistics (a worker lost at the very end has none)."""
+    out = []
+    for ref in [a.finish.remote() for a in actors]:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError:
+            pass
+    return out
+
+
+class _Bar:
+    """The driver's progress bar over source bytes, polled from the workers without blocking."""
+
+    def __init__(self, ray, plan, pool: _Workers, quiet: bool):
+        from tqdm import tqdm
+
+        self.ray, self.pool, self.base = ray, pool, 0
+        self.bar = tqdm(total=plan.bytes_in, unit="B", unit_scale=True, desc="quantize (ray)", disable=quiet or not sys.stderr.isatty())
+        self._ask = None
+
+    def update(self, n: int) -> None:
+        self.base += n
+        self.bar.update(n)
+
+    def refresh(self) -> None:
+        if self.bar.disable:
+            return
+        try:
+            if self._ask is not None and not self.ray.wait(self._ask, num_returns=len(self._ask), timeout=0)[1]:
+                self.bar.update(max(0, self.base + sum(self.ray.get(self._ask)) - self.bar.n))
+                self._ask = None
+            if self._ask is None:  # bytes of the live workers (a lost worker's are redone)
+                self._ask = [self.pool.actors[w].consumed.remote() for w in sorted(self.pool.live)]
+        except Exception:  # noqa: BLE001 - the bar is cosmetic; failures surface elsewhere
+            self._ask = None
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _translate(ray, exc: BaseException, what: str) -> QuantizeError:
@@ -231,79 +527,5 @@ def _translate(ray, exc: BaseException, what: str) -> QuantizeError:
                        f"rerun with --resume once the cluster is healthy")
 
 
-def _run_units(ray, plan, units, ctx, done: set[int], journal, run) -> dict[int, dict]:
-    """Submit the amax and shard tasks (none for a unit whose tasks are all done), journal each plan
-    task once every part of it is written, drive the progress bar."""
-    from . import checksum
-
-    gpu = ctx.device == "cuda"
-    task_opts = dict(num_cpus=1, num_gpus=1 if gpu else 0, max_retries=MAX_RETRIES, retry_exceptions=False)
-    bar = _Bar(ray, plan, run)
-    bar.bar.update(sum(plan.tasks[i].bytes_in for i in done))
-    ctx.progress = (bar.actor, bar.run)
-    todo = [u for u in units if any(i not in done for i, _ in u.tasks)]
-    plan_ref = ray.put(plan)
-    amax_task = ray.remote(ray_tasks.group_amax).options(num_cpus=1, max_retries=MAX_RETRIES)
-    amax_refs = {i: amax_task.remote(infos, ctx.hub) for i, infos in group_amax_sources(plan, todo).items() if i not in done}
-    unit_task = ray.remote(ray_tasks.run_unit).options(**task_opts, scheduling_strategy="SPREAD")
-    pending = {}
-    for u in todo:
-        unit_done = frozenset(k for k, (i, _) in enumerate(u.tasks) if i in done)
-        amaxes = [amax_refs[i] if i in amax_refs else None for i in u.needs_amax]
-        pending[unit_task.remote(plan_ref, u, ctx, unit_done, *amaxes)] = u
-    if done:
-        run.info(f"resuming: {len(units) - len(todo)} of {len(units)} shard(s) complete")
-    parts: dict[int, dict[str, str]] = {}
-    results: dict[int, dict] = {u.shard: {"shard": plan.shard_names[u.shard], "index": u.shard, "bytes_in": u.bytes_in,
-                                          "host": None, "node_id": None, "seconds": 0.0, "skipped": True}
-                                for u in units if u not in todo}
-    try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
-            for ref in ready:
-                unit = pending.pop(ref)
-                results[unit.shard] = res = _get(ray, ref, f"shard {plan.shard_names[unit.shard]}")
-                for i, got in res["parts"].items():  # a task is journaled once all of its outputs are written
-                    parts.setdefault(i, {}).update(got)
-                    if set(parts[i]) == set(plan.tasks[i].outputs):
-                        journal.append(i, checksum.task_digest(parts.pop(i)))
-            bar.refresh()
-    except BaseException:
-        _cancel(ray, list(pending))
-        raise
-    finally:
-        bar.close()
-    return results
-
-
-def _cancel(ray, refs) -> None:
-    """Stop the shard tasks still running (a first error or Ctrl-C ends the run) and wait for them."""
-    for ref in refs:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:  # noqa: BLE001 - already finished or the cluster is gone
-            pass
-    try:
-        ray.wait(refs, num_returns=len(refs), timeout=10)
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _merge(parts) -> RunStats:
-    out = RunStats()
-    for s in parts:
-        if s is None:
-            continue
-        out.bytes_read += s.bytes_read
-        out.peak_inflight = max(out.peak_inflight, s.peak_inflight)
-        out.baseline_rss = max(out.baseline_rss, s.baseline_rss)  # the largest task process: what a node must fit per task
-        out.pinned_trims += s.pinned_trims
-        out.warnings.extend(w for w in s.warnings if w not in out.warnings)  # a task's findings reach the user too
-        for k, v in s.errors.items():
-            out.errors.setdefault(k, v)
-        for k, v in s.stages.items():
-            out.stages[k] = round(out.stages.get(k, 0.0) + v, 3)
-    return out
-
-
-__all__ = ["produce", "check_options", "check_device", "import_ray", "RayRunError", "connect"]
+__all__ = ["produce", "check_options", "check_device", "import_ray", "RayRunError", "connect", "start_early",
+           "abandon_early", "worker_specs", "CPUS_PER_WORKER"]
