@@ -60,7 +60,7 @@ def dispatch(pool, plan, units, done: set[int], journal, ahead_bytes: int, say=l
     parts are written. Returns ``{shard: result}``, a unit with nothing left as ``skipped``."""
     queue = collections.deque(order(units, done))
     results = {u.shard: {"shard": plan.shard_names[u.shard], "index": u.shard, "bytes_in": u.bytes_in, "host": None,
-                         "node_id": None, "seconds": 0.0, "skipped": True} for u in units if u not in queue}
+                         "node_id": None, "seconds": 0.0, "skipped": True, "kept": len(u.tasks)} for u in units if u not in queue}
     live = list(pool.workers)
     held: dict = {w: [] for w in live}  # worker -> its units, oldest (running) first
     pending: dict = {}  # handle -> (worker, unit)

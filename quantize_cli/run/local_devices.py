@@ -92,7 +92,7 @@ def produce(plan, work, done: set[int], ctx: RunContext):
     stats = merge(parts)
     stats.peak_inflight = sum(p.peak_inflight for p in parts)  # one process: the pipelines' bytes add up
     stats.devices = {"devices": [str(d) for d in devices],
-                     "shards": [{k: r.get(k) for k in ("shard", "device", "bytes_in", "seconds", "skipped")}
+                     "shards": [{k: r.get(k) for k in ("shard", "device", "bytes_in", "seconds", "skipped", "kept")}
                                 for _, r in sorted(results.items())]}
     return stats
 

@@ -248,15 +248,17 @@ _pool_lock = threading.Lock()
 
 
 def _pool_key(ray, device: str, specs: list[dict]) -> tuple:
-    return (ray.get_runtime_context().get_job_id(), device, tuple(tuple(sorted(s.items())) for s in specs))
+    ctx = ray.get_runtime_context()  # the driver's node id and job: unique to this session
+    return ((ctx.get_node_id(), ctx.get_job_id()), device, tuple(tuple(sorted(s.items())) for s in specs))
 
 
 def _checkout(ray, device: str, specs: list[dict]):
     key = _pool_key(ray, device, specs)
     with _pool_lock:
-        for stale in [k for k in _pool if k[0] == key[0] and k != key]:  # the cluster changed: start afresh
-            for w in _pool.pop(stale):
-                ray.kill(w)
+        for other in [k for k in _pool if k != key]:  # another session's (gone), or the cluster changed: start afresh
+            for w in _pool.pop(other):
+                if other[0] == key[0]:
+                    ray.kill(w)
         return _pool.pop(key, None)
 
 
@@ -297,7 +299,7 @@ def produce(plan, work, done: set[int], ctx):
     address = ctx.ray_address or os.environ.get("RAY_ADDRESS") or "local"
     stats.ray = {"address": address, "device": boot.device, "nodes": sorted({w["host"] for w in pool.where if w}),
                  "workers": [w for w in pool.where if w], "start_s": boot.timings,
-                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped")}
+                 "shards": [{k: r[k] for k in ("shard", "host", "node_id", "bytes_in", "seconds", "skipped", "kept")}
                             | {"input_gb_per_s": (r["bytes_in"] / 1e9 / r["seconds"]) if r["seconds"] and not r["skipped"] else None}
                             for _, r in sorted(results.items())]}
     return stats
@@ -325,47 +327,36 @@ class _Workers:
         self.where: list = [None] * len(self.actors)
         self.live: set[int] = set()
         self._owner: dict = {}  # handle -> worker
-        self._starting: dict = {}  # prepare ref -> (worker, deadline)
-        self.replaced = 0
+        self._starting: dict = {}  # prepare ref -> (worker, deadline or None: no worker is ready yet)
+        self.replaced, self.why = 0, ""
         self._start_all(ctx)
         self.workers = sorted(self.live)
 
     # -- starting -----------------------------------------------------------------------------------
     def _start_all(self, ctx) -> None:
-        """Wait for every worker's probe (a straggler gets STRAGGLER_S after the first is ready, then
-        the run goes on without it); refuse a DST some worker's node does not share, before any
-        shard is written."""
-        ray = self.ray
-        refs = {self.actors[w].prepare.remote(*self.args): w for w in range(len(self.actors))}
-        lost, first, said = [], None, False
-        while refs:
-            timeout = WAIT_S if first is None else max(0.0, first + STRAGGLER_S - time.monotonic())
-            got, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
-            if not got:
-                if first is not None:
-                    break
-                if not said and time.perf_counter() - self.boot._t0 > SAY_WAITING_S:
-                    ctx.info(f"ray: waiting for {len(refs)} worker(s) to start (are the cluster's "
-                             f"{'GPUs' if self.boot.device == 'cuda' else 'CPUs'} busy?)")
-                    said = True
-                continue
-            w = refs.pop(got[0])
-            try:
-                self._ready(w, ray.get(got[0]))
-            except ray.exceptions.RayActorError as exc:
-                lost.append(_first(exc))
-                continue
-            except Exception as exc:  # noqa: BLE001
-                raise _translate(ray, exc, "preparing the Ray workers") from None
-            first = first or time.monotonic()
-        for w in refs.values():  # stragglers: they hold no shard yet
-            self._drop(w)
-        if refs or lost:
-            ctx.warn(f"ray: {len(refs) + len(lost)} of {len(self.actors)} worker(s) did not start "
-                     f"({lost[0] if lost else f'not ready {STRAGGLER_S} s after the first'}); going on with {len(self.live)}")
+        """Wait for every worker's probe: none is ready yet, as long as it takes (the cluster may be
+        busy); once one is, the others get STRAGGLER_S, then the run goes on without them. A DST that
+        some worker's node does not share is refused here, before any shard is written."""
+        for w in range(len(self.actors)):
+            self._starting[self.actors[w].prepare.remote(*self.args)] = (w, None)
+        said, total = False, len(self.actors)
+        while self._starting:
+            self.joined(WAIT_S)
+            if self.live:
+                deadline = time.monotonic() + STRAGGLER_S
+                self._starting = {ref: (w, d or deadline) for ref, (w, d) in self._starting.items()}
+            elif not said and time.perf_counter() - self.boot._t0 > SAY_WAITING_S:
+                ctx.info(f"ray: waiting for {len(self._starting)} worker(s) to start (are the cluster's "
+                         f"{'GPUs' if self.boot.device == 'cuda' else 'CPUs'} busy?)")
+                said = True
+            if not self._starting and not self.live:
+                break
+        if len(self.live) < total:
+            ctx.warn(f"ray: {total - len(self.live)} of {total} worker(s) did not start ({self.why or 'not ready in time'}); "
+                     f"going on with {len(self.live)}")
         if not self.live:
-            raise RayRunError(f"--executor ray: no worker started ({lost[0] if lost else 'none ready'}); the work folder is "
-                              f"kept: rerun with --resume once the cluster is healthy")
+            raise RayRunError(f"--executor ray: no worker started ({self.why or 'none ready'}); the work folder is kept: "
+                              f"rerun with --resume once the cluster is healthy")
 
     def _ready(self, w: int, where: dict) -> None:
         _check_probe(self.folder, self.token, where)
@@ -391,23 +382,27 @@ class _Workers:
         self.where.append(None)
         self._starting[self.actors[-1].prepare.remote(*self.args)] = (len(self.actors) - 1, time.monotonic() + STRAGGLER_S)
 
-    def joined(self) -> list[int]:
-        """Replacements that are ready now (probed, plan taken)."""
+    def joined(self, timeout: float = 0) -> list[int]:
+        """Workers that became ready (probed, plan taken) within `timeout` s; one that died while
+        starting is replaced, one past its deadline (no room in the cluster) dropped."""
         if not self._starting:
             return []
         ray, new = self.ray, []
-        got, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        got, rest = ray.wait(list(self._starting), num_returns=1, timeout=timeout)
+        if got and rest:
+            got += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         for ref in got:
             w, _ = self._starting.pop(ref)
             try:
                 self._ready(w, ray.get(ref))
                 new.append(w)
-            except ray.exceptions.RayActorError:
-                pass
+            except ray.exceptions.RayActorError as exc:  # e.g. a worker kept from an earlier run that is gone
+                self.why = f"{type(exc).__name__}: {_first(exc)}"
+                self.replace(w)
             except Exception as exc:  # noqa: BLE001
-                raise _translate(ray, exc, "starting a Ray worker") from None
+                raise _translate(ray, exc, "preparing the Ray workers") from None
         for ref, (w, deadline) in list(self._starting.items()):
-            if time.monotonic() > deadline:  # no room for it in the cluster
+            if deadline is not None and time.monotonic() > deadline:  # no room for it in the cluster
                 del self._starting[ref]
                 self._drop(w)
         return new

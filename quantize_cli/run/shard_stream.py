@@ -126,7 +126,8 @@ class ShardStream:
     # -- the caller's side ------------------------------------------------------------------------
     def submit(self, unit: ShardUnit, unit_done: frozenset = frozenset()) -> Future:
         """Queue `unit` (its tasks `unit_done` already written); the future's result is ``{shard,
-        index, bytes_in, parts: {plan task: {output: digest}}, seconds, skipped: False, **where}``."""
+        index, bytes_in, parts: {plan task: {output: digest}}, seconds, skipped: False, kept: tasks kept
+        from an earlier run, **where}``."""
         job = _Job(unit, frozenset(unit_done), Future())
         with self._lock:
             if self._broken is not None:
@@ -277,7 +278,8 @@ class ShardStream:
             if job.scratch:
                 shutil.rmtree(job.scratch, ignore_errors=True)
         result = {"shard": self.plan.shard_names[job.unit.shard], "index": job.unit.shard, "bytes_in": job.unit.bytes_in,
-                  "parts": job.parts, "seconds": time.perf_counter() - job.started, "skipped": False, **self.where}
+                  "parts": job.parts, "seconds": time.perf_counter() - job.started, "skipped": False,
+                  "kept": len(job.unit_done), **self.where}
         self._settle(job, error, result)
 
     # -- bookkeeping ------------------------------------------------------------------------------
