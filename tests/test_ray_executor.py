@@ -6,6 +6,7 @@ tests/ray_faults.install at start-up, so a test can make one of them die mid-wri
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -289,3 +290,50 @@ def test_task_warnings_and_memory_reach_the_report(cluster, make_checkpoint, tmp
     err = capsys.readouterr().err
     assert "model.layers.0.mlp.up_proj.weight: its largest value" in err and "(almost) all zero" in err, err
     assert res.report["bytes"]["baseline_rss"] > 100 << 20  # a task process with torch loaded
+
+
+def test_a_local_run_killed_midway_resumes_with_ray(cluster, sources, tmp_path):
+    """One journal for every executor: a local run's journaled tasks are kept by a Ray --resume."""
+    src, out = sources["dense"], tmp_path / "out"
+    tasks = len(prepare(src, "NVFP4", max_shard_size=SHARD).tasks)
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "convert", src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size",
+                             SHARD, "--device", "cpu", "-q"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / ".out.partial" / ".quantize-journal"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= tasks // 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the local run ended before it could be killed: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    claimed = len(journal.read_text().splitlines())
+    res = convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray", resume=True)
+    convert(src, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size=SHARD)
+    assert files(out) == files(tmp_path / "local")
+    assert sum(s["kept"] for s in res.report["ray"]["shards"]) >= claimed >= tasks // 3
+
+
+TORCH_FREE_DRIVER = """
+import sys
+from quantize_cli.api import convert
+from quantize_cli.plan.options import ConvertOptions
+res = convert(ConvertOptions(src=sys.argv[1], dst=sys.argv[2], algo="NVFP4", executor="ray", max_shard_size="200KB",
+                             quiet=True, report=sys.argv[3]))
+print("torch imported" if "torch" in sys.modules else "no torch", res.report["ray"]["start_s"])
+"""
+
+
+def test_the_driver_imports_no_torch(sources, tmp_path):
+    """The Ray driver plans, probes, dispatches and journals without torch (seconds saved before
+    the first byte); the workers quantize. The report's errors come from the workers."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-c", TORCH_FREE_DRIVER, sources["dense"], str(tmp_path / "out"), str(tmp_path / "r.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("no torch"), proc.stdout
+    with open(tmp_path / "r.json") as f:
+        report = json.load(f)
+    quantized = [t for t in report["tensors"] if "sqnr_db" in t]
+    assert quantized and all(t["sqnr_db"] > 10 for t in quantized)
+    assert report["ray"]["start_s"]["connect_s"] > 0 and report["ray"]["workers"][0]["warm_s"] > 0

@@ -15,12 +15,9 @@ import json
 import os
 import shutil
 
-import torch
-
 from ..errors import DestinationError
 from .durable import write_atomic
 from .safetensors_header import shard_header
-from .safetensors_io import byte_view
 
 # Big writes start their writeback at once: otherwise the kernel keeps gigabytes dirty until the
 # final fsync, and the output write no longer overlaps the source read.
@@ -116,8 +113,13 @@ class ShardWriter:
         """Byte offset of shard `shard`'s data section (after its header)."""
         return self._data_start[shard]
 
-    def write(self, name: str, tensor: torch.Tensor, byte_offset: int = 0) -> None:
-        """Write `tensor` (CPU; any dtype) into output `name`, starting `byte_offset` bytes in."""
+    def write(self, name: str, tensor, byte_offset: int = 0) -> None:
+        """Write `tensor` (a torch tensor, any dtype) into output `name`, starting `byte_offset` bytes in.
+        (torch is imported here only: a Ray driver writes the index with this module and no torch.)"""
+        import torch
+
+        from .safetensors_io import byte_view
+
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()

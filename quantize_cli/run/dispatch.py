@@ -15,8 +15,9 @@ How shards are assigned:
   first, so the last one to finish is short (longest-processing-time-first), and equal shards are
   handed out in file order (sequential reads of the source).
 - **A dynamic queue**: each worker holds its running unit plus queued ones worth its read-ahead (at
-  least one more), so its read stage goes from one shard to the next without waiting for the
-  driver; a worker that is done takes the next unit from the queue, a slow one takes fewer.
+  least one more, at most ``max_units`` in all), so its read stage goes from one shard to the next
+  without waiting for the driver; units are dealt one at a time around the workers, and a worker
+  that is done takes the next unit from the queue, so a slow one takes fewer.
 - **Lost workers** (a killed process, a node removed): the units they held go back to the front of
   the queue, each at most ``max_retries`` times, for the other workers and for a replacement the
   pool starts where the cluster has room; a shard is rewritten whole at its planned offsets, so the
@@ -37,6 +38,7 @@ from ..errors import DestinationError
 from . import checksum
 
 MAX_RETRIES = 3  # times one shard is handed out again after its worker was lost
+MAX_UNITS = 4  # units one worker holds at once: running + queued (a Ray worker spends a thread on each)
 WAIT_S = 0.5  # how often the driver looks up (progress bar)
 
 
@@ -55,7 +57,7 @@ def order(units, done: set[int]) -> list:
 
 
 def dispatch(pool, plan, units, done: set[int], journal, ahead_bytes: int, say=lambda msg: None,
-             max_retries: int = MAX_RETRIES) -> dict[int, dict]:
+             max_retries: int = MAX_RETRIES, max_units: int = MAX_UNITS) -> dict[int, dict]:
     """Write every unit with work left through `pool`'s workers; journal each plan task once all of its
     parts are written. Returns ``{shard: result}``, a unit with nothing left as ``skipped``."""
     queue = collections.deque(order(units, done))
@@ -67,9 +69,15 @@ def dispatch(pool, plan, units, done: set[int], journal, ahead_bytes: int, say=l
     retries: collections.Counter = collections.Counter()
     parts: dict[int, dict[str, str]] = {}
 
-    def feed() -> None:
-        for w in live:
-            while queue and (len(held[w]) < 2 or sum(u.bytes_in for u in held[w][1:]) < ahead_bytes):
+    def wants(w) -> bool:
+        n = len(held[w])
+        return n < 2 or (n < max_units and sum(u.bytes_in for u in held[w][1:]) < ahead_bytes)
+
+    def feed() -> None:  # one unit at a time around the workers
+        while queue and (hungry := [w for w in live if wants(w)]):
+            for w in hungry:
+                if not queue:
+                    break
                 u = queue.popleft()
                 unit_done = frozenset(k for k, (i, _) in enumerate(u.tasks) if i in done)
                 pending[pool.submit(w, u, unit_done)] = (w, u)
@@ -133,4 +141,4 @@ def _join(plan, got: dict, parts: dict, journal) -> None:
             journal.append(i, checksum.task_digest(parts.pop(i)))
 
 
-__all__ = ["dispatch", "order", "WorkerLost", "WorkersLost", "MAX_RETRIES", "WAIT_S"]
+__all__ = ["dispatch", "order", "WorkerLost", "WorkersLost", "MAX_RETRIES", "MAX_UNITS", "WAIT_S"]

@@ -77,8 +77,8 @@ def produce(plan, work, done: set[int], ctx: RunContext):
             bar.update(n)
 
     streams = [ShardStream(plan, work.partial, d, ctx.budget, kernels=ctx.kernels, measure=ctx.measure, hub=ctx.hub,
-                           share=len(devices), progress=progress, warn=ctx.warn, where={"device": str(d)})
-               for d in devices]
+                           share=len(devices), progress=progress, warn=ctx.warn, where={"device": str(d), "pipeline": k}, budget_warning=k == 0)
+               for k, d in enumerate(devices)]
     ahead = executor_sizes(ctx.budget // len(devices))["budget_bytes"] * 3 // 5
     try:
         results = dispatch(_StreamPool(streams), plan, partition(plan), done, work.journal, ahead, ctx.warn)
@@ -92,7 +92,7 @@ def produce(plan, work, done: set[int], ctx: RunContext):
     stats = merge(parts)
     stats.peak_inflight = sum(p.peak_inflight for p in parts)  # one process: the pipelines' bytes add up
     stats.devices = {"devices": [str(d) for d in devices],
-                     "shards": [{k: r.get(k) for k in ("shard", "device", "bytes_in", "seconds", "skipped", "kept")}
+                     "shards": [{k: r.get(k) for k in ("shard", "device", "pipeline", "bytes_in", "seconds", "skipped", "kept")}
                                 for _, r in sorted(results.items())]}
     return stats
 

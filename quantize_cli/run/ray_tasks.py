@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from ..errors import DestinationError, SourceError
 
-MAX_UNITS = 4  # units one worker holds at once (dispatch.py): running + queued
-CONCURRENCY = MAX_UNITS + 4  # actor threads: its units' waits, and the probe/progress/finish calls beside them
+from .dispatch import MAX_UNITS
+
+CONCURRENCY = MAX_UNITS + 4  # actor threads: its units' waits (dispatch.MAX_UNITS), and the probe/progress/finish calls beside them
 
 
 @dataclass(frozen=True)
@@ -147,4 +148,4 @@ class ShardWorker:
             stream.abort()
 
 
-__all__ = ["UnitContext", "ShardWorker", "probe", "probe_name", "node_identity", "MAX_UNITS", "CONCURRENCY"]
+__all__ = ["UnitContext", "ShardWorker", "probe", "probe_name", "node_identity", "CONCURRENCY"]

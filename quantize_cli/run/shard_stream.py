@@ -96,16 +96,17 @@ class ShardStream:
         budget: --memory-budget of this process; with `share` streams in one process each takes
             its share of what the process's baseline leaves (host_memory.py).
         kernels, measure, hub: as :class:`~.context.RunContext`.
+        budget_warning: say when the budget is below the process's own size (once per process).
         progress: called with the source bytes consumed (any thread); where: merged into each result.
     """
 
     def __init__(self, plan, folder: str, device, budget: int, *, kernels: str = "auto", measure: bool = False,
-                 hub=None, share: int = 1, progress=None, warn=None, where: dict | None = None):
+                 hub=None, share: int = 1, progress=None, warn=None, where: dict | None = None, budget_warning: bool = True):
         from .context import executor_sizes
 
         self.plan, self.folder, self.device, self.budget, self.share = plan, folder, device, budget, max(1, share)
         self.sizes = executor_sizes(budget // self.share)
-        self.kernels, self.measure, self.hub, self.warn = kernels, measure, hub, warn
+        self.kernels, self.measure, self.hub, self.warn, self.budget_warning = kernels, measure, hub, warn, budget_warning
         self.where = where or {}
         self.consumed = 0
         self._progress = progress
@@ -288,7 +289,7 @@ class ShardStream:
         from .host_memory import inflight_limit
 
         limit, warning = inflight_limit(self.budget, baseline)
-        if final and warning:
+        if final and warning and self.budget_warning:
             self.stats.warnings.append(warning)
         return min(self.sizes["budget_bytes"], limit // self.share)
 
