@@ -17,11 +17,11 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 _CHILD = r"""
 import json, sys, time
@@ -71,8 +71,8 @@ def main() -> None:
         for _ in range(a.samples):
             f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
     layer_bytes = 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096)
-    out = subprocess.run([sys.executable, "-c", _CHILD, src, data, os.path.join(a.work, "scales.json"), a.device,
-                          str(a.samples), str(a.seq_len), a.budget, "1" if a.offload else "0"], capture_output=True, text=True, cwd=ROOT)
+    out = proc.run([sys.executable, "-c", _CHILD, src, data, os.path.join(a.work, "scales.json"), a.device,
+                    str(a.samples), str(a.seq_len), a.budget, "1" if a.offload else "0"], capture_output=True, text=True, cwd=ROOT)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"calibration failed:\n{out.stderr[-3000:]}")

@@ -28,9 +28,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLMC_SCHEME = {"FP8_PB_WO": "FP8_BLOCK", "INT8": "W8A8", "NVFP4": "NVFP4A16"}
@@ -77,7 +79,7 @@ sys.exit(rc)
 
 
 def sh(cmd: str) -> None:
-    subprocess.run(cmd, shell=True, check=True)
+    proc.run(cmd, shell=True, check=True)
 
 
 def du(path: str) -> int:
@@ -214,7 +216,7 @@ class Bench:
                        self.a.device, "--memory-budget", self.a.budget, "--overwrite", "--quiet", "--report", report]
             else:
                 cmd = [py, "-c", _CHILD, kind, self.src, dst, arg, self.a.device, str(workers), self.a.budget]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            p = proc.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode:
                 raise RuntimeError(f"{kind} {algo} failed:\n{p.stderr[-3000:]}")
             if kind == "quantize":

@@ -10,9 +10,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +60,7 @@ def main() -> None:
             src, dst = os.path.join(work, f"src{scale}"), os.path.join(work, f"dst{scale}")
             size = make(src, a.layers * scale, a.hidden)
             env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-            out = subprocess.run([sys.executable, "-c", _CHILD, src, dst, a.algo, a.budget, a.device], capture_output=True, text=True, env=env)
+            out = proc.run([sys.executable, "-c", _CHILD, src, dst, a.algo, a.budget, a.device], capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(out.stderr)
             r = json.loads(out.stdout.split("RESULT ")[-1])

@@ -9,6 +9,8 @@ that starts its own local instance (the one-machine default), so its startup cos
 The output shards are kept small (``--max-shard-size``) so that there are enough tasks to share.
 
 Every output is compared byte for byte with the local one. Prints a markdown table and the load.
+Every command runs with a timeout (``--timeout``, bench/proc.py); the Ray head's output goes to a
+log file in the work folder (a pipe nobody reads blocks the head once it is full).
 
     python bench/ray_scale.py                                   # CPU: local, ray-1, ray-2, ray-auto
     python bench/ray_scale.py --device cuda --workers 1,2,4,8 --layers 16 --vocab 128256 \
@@ -22,13 +24,14 @@ import filecmp
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import proc  # noqa: E402
 
 
 def same_tree(a: str, b: str) -> bool:
@@ -42,14 +45,16 @@ def convert(args, src: str, dst: str, extra: list[str]) -> float:
     cmd = [sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", args.algo, "--device", args.device,
            "--max-shard-size", args.max_shard_size, "-q", "--report", dst + ".json", *extra]
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    proc.run(cmd, timeout=args.timeout, check=True, cwd=ROOT)
     return time.perf_counter() - t
 
 
 _HEAD = """
-import sys, time, ray
+import os, sys, time, ray
 ray.init(num_cpus=int(sys.argv[1]), num_gpus=int(sys.argv[2]), include_dashboard=False)
-print(ray.get_runtime_context().gcs_address, flush=True)
+with open(sys.argv[3] + ".tmp", "w") as f:
+    f.write(ray.get_runtime_context().gcs_address)
+os.replace(sys.argv[3] + ".tmp", sys.argv[3])
 try:
     while True:
         time.sleep(60)
@@ -59,20 +64,27 @@ except KeyboardInterrupt:  # the benchmark stops this head with SIGINT: ray.shut
 
 
 def ray_head(args, workers: int) -> tuple[subprocess.Popen, str]:
-    """A fresh Ray head with `workers` CPUs (or GPUs), owned by a child process (stopped by its
-    pid with SIGINT: its ray.shutdown stops that cluster and nothing else). Returns it and its address."""
+    """A fresh Ray head with `workers` CPUs (or GPUs), owned by a child process (stopped with
+    SIGINT: its ray.shutdown stops that cluster and nothing else). Its output goes to a log file;
+    its address comes back in a file. Returns it and its address."""
     gpus = workers if args.device.startswith("cuda") else 0
     cpus = max(workers, os.cpu_count() or 1) if gpus else workers
-    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(cpus), str(gpus)], stdout=subprocess.PIPE, text=True)
-    return head, head.stdout.readline().strip()
+    where = os.path.join(args.workdir, f"head-{workers}.address")
+    if os.path.exists(where):
+        os.unlink(where)
+    head = proc.start([sys.executable, "-c", _HEAD, str(cpus), str(gpus), where], os.path.join(args.workdir, "ray-head.log"))
+    deadline = time.monotonic() + args.timeout
+    while not os.path.exists(where):
+        if head.poll() is not None or time.monotonic() > deadline:
+            proc.stop(head)
+            raise RuntimeError(f"the Ray head did not start; see {args.workdir}/ray-head.log")
+        time.sleep(0.2)
+    with open(where) as f:
+        return head, f.read().strip()
 
 
 def stop(head: subprocess.Popen) -> None:
-    head.send_signal(signal.SIGINT)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        head.kill()
+    proc.stop(head)
 
 
 def main() -> None:
@@ -86,6 +98,7 @@ def main() -> None:
     p.add_argument("--max-shard-size", default="100MB")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration (the fastest is reported)")
     p.add_argument("--json")
+    p.add_argument("--timeout", type=float, default=proc.TIMEOUT_S, help="seconds any one command may take")
     args = p.parse_args()
     # Ray >= 2.5x starts new clusters with token authentication, but a driver joining by address
     # sends the token only in token mode: the head and every command run in it.
@@ -96,7 +109,8 @@ def main() -> None:
     src = os.path.join(args.workdir, "src")
     make_checkpoint(src, args.layers, args.vocab, "cpu")
     gb = du(src) / 1e9
-    subprocess.run(["cat"] + [os.path.join(src, f) for f in os.listdir(src)], stdout=subprocess.DEVNULL, check=True)  # warm cache
+    proc.run(["cat"] + [os.path.join(src, f) for f in os.listdir(src)], timeout=args.timeout, stdout=subprocess.DEVNULL,
+             check=True)  # warm cache
     rows = []
     ref = os.path.join(args.workdir, "out-local")
 
@@ -128,9 +142,9 @@ def main() -> None:
     for _ in range(args.repeat):
         shutil.rmtree(dst, ignore_errors=True)
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", args.algo, "--device", args.device,
-                        "--max-shard-size", args.max_shard_size, "-q", "--executor", "ray", "--report", dst + ".json"],
-                       check=True, cwd=ROOT, env=env_free)
+        proc.run([sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", args.algo, "--device", args.device,
+                  "--max-shard-size", args.max_shard_size, "-q", "--executor", "ray", "--report", dst + ".json"],
+                 timeout=args.timeout, check=True, cwd=ROOT, env=env_free)
         runs.append(time.perf_counter() - t)
     record(f"ray-auto ({os.cpu_count()} CPUs, starts Ray)", runs, dst)
     print(f"\ninput {gb:.2f} GB bf16, --algo {args.algo}, --device {args.device}, --max-shard-size {args.max_shard_size}, "

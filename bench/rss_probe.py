@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 
 def status_kb(field: str) -> int:
@@ -38,7 +41,7 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.warm:
-        subprocess.run(f"cat {a.src}/*.safetensors > /dev/null", shell=True, check=True)
+        proc.run(f"cat {a.src}/*.safetensors > /dev/null", shell=True, check=True)
     t0 = time.perf_counter()
     import torch
 

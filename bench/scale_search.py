@@ -20,9 +20,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALGOS = ("W4A16_NVFP4", "INT8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
@@ -88,7 +90,7 @@ def bench_e2e(args) -> list[dict]:
         times: dict[str, list[float]] = {"none": [], "mse": []}
         for _ in range(args.runs):
             for method in ("none", "mse"):
-                subprocess.run(f"cat {src}/*.safetensors > /dev/null", shell=True, check=True)
+                proc.run(f"cat {src}/*.safetensors > /dev/null", shell=True, check=True)
                 os.sync()
                 t = time.perf_counter()
                 res = convert(src, dst, algo=algo, device="cuda", quiet=True, overwrite=True, scale_search=method)

@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,7 +61,7 @@ def timed(cmd: list[str], cold: bool) -> float:
     if cold:
         drop_caches()
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    proc.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
     return time.perf_counter() - t
 
 

@@ -19,10 +19,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFF = "import quantize_cli.run.prefetch as p; p.start = lambda src: None; "
@@ -41,7 +43,7 @@ def run(side: str, a, out: str, report: str) -> tuple[float, int]:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     drop_caches()
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env)
+    proc.run(cmd, check=True, env=env)
     secs = time.perf_counter() - t
     with open(report) as f:
         warmed = json.load(f)["bytes"].get("warmed_before_start", 0)
