@@ -1,0 +1,191 @@
+"""Scale-out on one multi-GPU machine, in one call: Ray with 1 GPU vs local, 1 vs 2 GPUs, DST in memory and on disk.
+
+Whole commands, as a user types them (``python -m quantize_cli convert ...``, start-up included),
+on bench/e2e.py's Llama-8B-shaped inputs (``big``: 16 layers, vocab 128256, 9.08 GB; ``small``: 2
+layers, vocab 32000, 1.40 GB), made once in ``--workdir`` and read from the page cache (warm: each
+input is read once first). For each algorithm (``--algos ALGO:SHARD,...``):
+
+- ``small`` and ``big``, DST on disk: ``local`` (``--device cuda:0``) and ``ray-1`` (``--executor
+  ray --device cuda`` with ``CUDA_VISIBLE_DEVICES=0``: the local Ray instance it starts has one GPU);
+- ``big``, DST on disk and DST in ``/dev/shm`` (the disk out of the way, to show the executors'
+  own scaling): ``local``, ``ray-1``, ``ray-2`` (both GPUs) and ``local-2`` (``--device
+  cuda:0,cuda:1``: one pipeline per GPU in one process).
+
+Every output is compared with the ``local`` output of the same input and algorithm (xxh3 of every
+file but the model card) and deleted once hashed. Per run: wall seconds, input GB/s, the report's
+``plan_s`` (the driver's start: for local, importing torch is most of it), ``convert_s``, and for
+Ray its start (``connect_s``: Ray joined/started; ``ready_s``: every worker probed and holding the
+plan; ``warm_s``: a worker's torch + CUDA context + Triton import). Prints a markdown table
+after each run and at the end; ``--json`` keeps everything. About 6 minutes on 2x H100 for the
+default two algorithms (the inputs are made first: about a minute).
+
+    python bench/scale_gpu.py --workdir /root/quantize-scale --json /root/scale.json
+    python bench/scale_gpu.py --algos FP8_PB_WO:1GB --skip small        # quicker
+    python bench/scale_gpu.py --cpu --inputs big=1x4000,small=1x1000 --algos FP8_PB_WO:20MB   # a smoke test without GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import proc  # noqa: E402
+
+# Reads the command's peak RSS (this wrapper imports nothing heavy; the command is its only child).
+_WRAP = r"""
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print("RSS_KB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+sys.exit(rc)
+"""
+
+
+def digests(folder: str) -> dict[str, str]:
+    """xxh3 of every file of an output but the model card and hidden bookkeeping."""
+    import xxhash
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name == "README.md" or name.startswith("."):
+            continue
+        h = xxhash.xxh3_64()
+        with open(os.path.join(folder, name), "rb") as f:
+            while block := f.read(64 << 20):
+                h.update(block)
+        out[name] = h.hexdigest()
+    return out
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.rows: list[dict] = []
+        self.ref: dict[tuple, dict] = {}
+        self.env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.env.pop("RAY_ADDRESS", None)  # Ray runs start their own local instance, as a user's one-machine run does
+
+    def run(self, name: str, size: str, src: str, algo: str, shard: str, where: str, args: list[str], env: dict | None = None) -> None:
+        root = self.a.shm if where == "shm" else os.path.join(self.a.workdir, "out")
+        dst, report = os.path.join(root, f"{size}-{algo}-{name}"), os.path.join(self.a.workdir, "report.json")
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(root, exist_ok=True)
+        cmd = [sys.executable, "-c", _WRAP, sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", algo,
+               "--max-shard-size", shard, "-q", "--report", report, *args]
+        t = time.perf_counter()
+        p = proc.run(cmd, timeout=self.a.timeout, capture_output=True, text=True, cwd=ROOT, env={**self.env, **(env or {})})
+        wall = time.perf_counter() - t
+        row = {"input": size, "algo": algo, "shard": shard, "run": name, "dst": where, "wall_s": round(wall, 2), "ok": p.returncode == 0}
+        if p.returncode:
+            row["error"] = (p.stderr or "").strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+            self.emit(row)
+            return
+        with open(report) as f:
+            rep = json.load(f)
+        gb = rep["bytes"]["in"] / 1e9
+        start = (rep.get("ray") or {}).get("start_s") or {}
+        workers = (rep.get("ray") or {}).get("workers") or []
+        row.update(gb_in=round(gb, 2), gb_per_s=round(gb / wall, 2), plan_s=round(rep["timings_s"]["plan_s"], 2),
+                   convert_s=round(rep["timings_s"]["convert_s"], 2), rss_gb=round(int(p.stdout.split("RSS_KB")[-1]) * 1024 / 1e9, 2),
+                   connect_s=start.get("connect_s"), ready_s=start.get("workers_ready_s"),
+                   warm_s=max((w.get("warm_s") or 0 for w in workers), default=None) if workers else None,
+                   workers=len(workers) or None)
+        got = digests(dst)
+        key = (size, algo)
+        if name == "local" and where == "disk":
+            self.ref[key] = got
+        row["identical"] = got == self.ref.get(key) if key in self.ref else None
+        shutil.rmtree(dst, ignore_errors=True)  # /dev/shm is memory; the disk is not endless either
+        self.emit(row)
+
+    def emit(self, row: dict) -> None:
+        self.rows.append(row)
+        print(_line(row), flush=True)
+
+
+HEADER = ("| input | algo | shard | run | DST | wall s | input GB/s | plan s | convert s | Ray connect / ready s | worker warm s "
+          "| peak RSS GB (driver) | identical |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _line(r: dict) -> str:
+    if not r.get("ok"):
+        return f"| {r['input']} | {r['algo']} | {r['shard']} | {r['run']} | {r['dst']} | failed: {r.get('error')} |"
+    ray = f"{r['connect_s']} / {r['ready_s']}" if r.get("connect_s") is not None else "-"
+    return (f"| {r['input']} | {r['algo']} | {r['shard']} | {r['run']} | {r['dst']} | {r['wall_s']} | {r['gb_per_s']} | {r['plan_s']} "
+            f"| {r['convert_s']} | {ray} | {r.get('warm_s') or '-'} | {r['rss_gb']} | {r['identical']} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/root/quantize-scale", help="the inputs and the on-disk outputs (the machine's disk)")
+    ap.add_argument("--shm", default="/dev/shm/quantize-scale", help="where in-memory outputs go")
+    ap.add_argument("--algos", default="FP8_PB_WO:1GB,NVFP4:2GB", help="ALGO:MAX_SHARD_SIZE, comma-separated")
+    ap.add_argument("--skip", default="", help="comma-separated: small, disk, shm, local-2, ray-2")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
+    ap.add_argument("--inputs", default="big=16x128256,small=2x32000", help="NAME=LAYERSxVOCAB of bench/e2e.py's checkpoint")
+    ap.add_argument("--cpu", action="store_true", help="CPU stand-ins (cpu, cpu,cpu, Ray --device cpu): to try the script")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+
+    import torch
+
+    from e2e import make_checkpoint
+
+    gpus = 2 if a.cpu else torch.cuda.device_count()
+    inputs = {k: tuple(map(int, v.split("x"))) for k, v in (i.split("=") for i in a.inputs.split(","))}
+    srcs = {}
+    for size, (layers, vocab) in inputs.items():
+        if size in skip:
+            continue
+        srcs[size] = os.path.join(a.workdir, f"src-{size}")
+        t = time.perf_counter()
+        make_checkpoint(srcs[size], layers, vocab, "cuda" if torch.cuda.is_available() else "cpu")
+        print(f"input {size}: {srcs[size]} ready in {time.perf_counter() - t:.1f} s", flush=True)
+        proc.run(f"cat {srcs[size]}/*.safetensors > /dev/null", shell=True, check=True, timeout=a.timeout)  # warm
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "gpus": gpus,
+            "cpus": os.cpu_count(), "torch": torch.__version__, "python": sys.version.split()[0]}
+    try:
+        import ray
+        import triton
+
+        meta.update(ray=ray.__version__, triton=triton.__version__)
+    except ImportError as exc:
+        meta["missing"] = str(exc)
+    print(json.dumps(meta), flush=True)
+    print(HEADER, flush=True)
+    b = Bench(a)
+    if a.cpu:  # Ray's local instance with one worker (4 CPUs), or as many as the CPUs give
+        dev1, dev2, ray_dev, one = "cpu", "cpu,cpu", "cpu", {"QUANTIZE_BENCH_NOTE": "cpu"}
+    else:
+        dev1, dev2, ray_dev, one = "cuda:0", "cuda:0,cuda:1", "cuda", {"CUDA_VISIBLE_DEVICES": "0"}
+    for spec in a.algos.split(","):
+        algo, shard = spec.split(":")
+        if "small" in srcs:
+            b.run("local", "small", srcs["small"], algo, shard, "disk", ["--device", dev1])
+            b.run("ray-1", "small", srcs["small"], algo, shard, "disk", ["--executor", "ray", "--device", ray_dev], one)
+        for where in ("disk", "shm"):
+            if where in skip or "big" not in srcs:
+                continue
+            b.run("local", "big", srcs["big"], algo, shard, where, ["--device", dev1])
+            b.run("ray-1", "big", srcs["big"], algo, shard, where, ["--executor", "ray", "--device", ray_dev], one)
+            if gpus >= 2 and "ray-2" not in skip:
+                b.run("ray-2", "big", srcs["big"], algo, shard, where, ["--executor", "ray", "--device", ray_dev])
+            if gpus >= 2 and "local-2" not in skip:
+                b.run("local-2", "big", srcs["big"], algo, shard, where, ["--device", dev2])
+    shutil.rmtree(a.shm, ignore_errors=True)
+    print("\n" + json.dumps(meta) + "\n\n" + HEADER)
+    for r in b.rows:
+        print(_line(r))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": b.rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
