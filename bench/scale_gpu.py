@@ -9,7 +9,9 @@ input is read once first). For each algorithm (``--algos ALGO:SHARD,...``):
   ray --device cuda`` with ``CUDA_VISIBLE_DEVICES=0``: the local Ray instance it starts has one GPU);
 - ``big``, DST on disk and DST in ``/dev/shm`` (the disk out of the way, to show the executors'
   own scaling): ``local``, ``ray-1``, ``ray-2`` (both GPUs) and ``local-2`` (``--device
-  cuda:0,cuda:1``: one pipeline per GPU in one process).
+  cuda:0,cuda:1``: one pipeline per GPU in one process);
+- ``big``, DST on disk: ``ray-1 joined``: the command joins a Ray head with one GPU started
+  beforehand (``--ray-address``, as with a running cluster), so Ray's own start is not in its time.
 
 Every output is compared with the ``local`` output of the same input and algorithm (xxh3 of every
 file but the model card) and deleted once hashed. Per run: wall seconds, input GB/s, the report's
@@ -46,6 +48,38 @@ sys.exit(rc)
 """
 
 
+_HEAD = """
+import os, sys, time, ray
+ray.init(num_gpus=int(sys.argv[2]), include_dashboard=False, _system_config={"worker_niceness": 0})
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(ray.get_runtime_context().gcs_address)
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+try:
+    while True:
+        time.sleep(60)
+except KeyboardInterrupt:
+    pass
+"""
+
+
+def ray_head(a, env: dict):
+    """A Ray head with one GPU (``CUDA_VISIBLE_DEVICES=0``), its output in a log file; (process, address)."""
+    where = os.path.join(a.workdir, "head.address")
+    if os.path.exists(where):
+        os.unlink(where)
+    head = proc.start([sys.executable, "-c", _HEAD, where, "0" if a.cpu else "1"], os.path.join(a.workdir, "ray-head.log"),
+                      env={**env, "CUDA_VISIBLE_DEVICES": "0"})
+    deadline = time.monotonic() + a.timeout
+    while not os.path.exists(where):
+        if head.poll() is not None or time.monotonic() > deadline:
+            proc.stop(head)
+            print(f"the Ray head did not start (see {a.workdir}/ray-head.log): no 'joined' runs", flush=True)
+            return None, None
+        time.sleep(0.2)
+    with open(where) as f:
+        return head, f.read().strip()
+
+
 def digests(folder: str) -> dict[str, str]:
     """xxh3 of every file of an output but the model card and hidden bookkeeping."""
     import xxhash
@@ -69,6 +103,7 @@ class Bench:
         self.ref: dict[tuple, dict] = {}
         self.env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.env.pop("RAY_ADDRESS", None)  # Ray runs start their own local instance, as a user's one-machine run does
+        self.env.setdefault("RAY_AUTH_MODE", "token")  # a driver joining a Ray >= 2.5x head by address sends its token only so
 
     def run(self, name: str, size: str, src: str, algo: str, shard: str, where: str, args: list[str], env: dict | None = None) -> None:
         root = self.a.shm if where == "shm" else os.path.join(self.a.workdir, "out")
@@ -125,7 +160,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/root/quantize-scale", help="the inputs and the on-disk outputs (the machine's disk)")
     ap.add_argument("--shm", default="/dev/shm/quantize-scale", help="where in-memory outputs go")
     ap.add_argument("--algos", default="FP8_PB_WO:1GB,NVFP4:2GB", help="ALGO:MAX_SHARD_SIZE, comma-separated")
-    ap.add_argument("--skip", default="", help="comma-separated: small, disk, shm, local-2, ray-2")
+    ap.add_argument("--skip", default="", help="comma-separated: small, disk, shm, local-2, ray-2, joined")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
     ap.add_argument("--inputs", default="big=16x128256,small=2x32000", help="NAME=LAYERSxVOCAB of bench/e2e.py's checkpoint")
     ap.add_argument("--cpu", action="store_true", help="CPU stand-ins (cpu, cpu,cpu, Ray --device cpu): to try the script")
@@ -158,8 +193,9 @@ def main() -> None:
     except ImportError as exc:
         meta["missing"] = str(exc)
     print(json.dumps(meta), flush=True)
-    print(HEADER, flush=True)
     b = Bench(a)
+    head, address = (None, None) if "joined" in skip else ray_head(a, b.env)
+    print(HEADER, flush=True)
     if a.cpu:  # Ray's local instance with one worker (4 CPUs), or as many as the CPUs give
         dev1, dev2, ray_dev, one = "cpu", "cpu,cpu", "cpu", {"QUANTIZE_BENCH_NOTE": "cpu"}
     else:
@@ -178,6 +214,11 @@ def main() -> None:
                 b.run("ray-2", "big", srcs["big"], algo, shard, where, ["--executor", "ray", "--device", ray_dev])
             if gpus >= 2 and "local-2" not in skip:
                 b.run("local-2", "big", srcs["big"], algo, shard, where, ["--device", dev2])
+            if where == "disk" and address:
+                b.run("ray-1 joined", "big", srcs["big"], algo, shard, where,
+                      ["--executor", "ray", "--device", ray_dev, "--ray-address", address])
+    if head is not None:
+        proc.stop(head)
     shutil.rmtree(a.shm, ignore_errors=True)
     print("\n" + json.dumps(meta) + "\n\n" + HEADER)
     for r in b.rows:

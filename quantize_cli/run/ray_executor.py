@@ -1,10 +1,8 @@
 """``--executor ray``: one conversion across processes, GPUs and machines, same bytes.
 
-The driver (this module; it never imports torch) joins or starts Ray on a background thread as soon
-as the options are checked (:func:`start_early`), and creates the workers at once: one long-lived
-actor per GPU, or per :data:`CPUS_PER_WORKER` CPUs of each node (:class:`~.ray_tasks.ShardWorker`).
-Their start (a process, torch, a CUDA context, the Triton kernels) overlaps the driver's planning.
-Then each worker probes its node and receives the plan once; the driver splits the plan into one
+The driver (this module; it never imports torch) has joined or started Ray and created the workers
+on a background thread while it planned (:mod:`.ray_start`): one long-lived actor per GPU, or per
+few CPUs of each node (:class:`~.ray_tasks.ShardWorker`). Then each worker probes its node and receives the plan once; the driver splits the plan into one
 unit per output shard (:mod:`.partition`) and hands the units out, largest first, from a dynamic
 queue (:mod:`.dispatch`); each worker writes its shards into the shared work folder through one
 pipeline that streams from shard to shard. The driver joins the per-output digests the workers
@@ -20,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import uuid
 
@@ -28,25 +25,11 @@ from ..errors import DestinationError, QuantizeError, UsageError
 from .context import executor_sizes
 from .dispatch import WAIT_S, WorkerLost, dispatch
 from .partition import partition
+from .ray_start import Boot, RayRunError, adopt, create, first_line, import_ray
 from .stats import merge
 
-CPUS_PER_WORKER = 4  # --device cpu: one worker per this many CPUs of a node (torch's threads)
 STRAGGLER_S = 120  # once one worker is ready, how long the others get to start before the run goes on without them
 SAY_WAITING_S = 30  # no worker ready after this long: say why we wait
-
-
-class RayRunError(DestinationError):
-    """The Ray cluster failed the run (unreachable, lost, workers gone). The work folder is kept
-    (hence a :class:`DestinationError`): rerun with ``--resume``."""
-
-
-def import_ray():
-    """The ray module, or a usage error saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray: Ray is not installed; pip install 'quantize[ray]'") from None
-    return ray
 
 
 def check_options(executor: str, device: str) -> str:
@@ -68,213 +51,13 @@ def check_device(device: str) -> str:
     raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N")
 
 
-# -- starting early ---------------------------------------------------------------------------------
-_early: list["Boot"] = []  # the start begun by start_early, until produce adopts it
-
-
-def start_early(address: str | None, device: str) -> None:
-    """Join or start Ray and create the workers on a background thread, now (convert calls this
-    once the options are checked; :func:`produce` adopts it; :func:`abandon_early` ends it)."""
-    abandon_early()
-    _early.append(Boot(address, device))
-
-
-def abandon_early() -> None:
-    """End a start that no run adopted (the plan was refused): workers killed, Ray stopped if ours."""
-    while _early:
-        _early.pop().close()
-
-
-def _adopt(address: str | None, device: str) -> "Boot":
-    boot = _early.pop() if _early else None
-    abandon_early()
-    if boot is not None and (boot.address, boot.requested) == (address, device):
-        return boot
-    if boot is not None:
-        boot.close()
-    return Boot(address, device)
-
-
-class Boot:
-    """Ray joined (or started) and the workers created, on a thread (see :func:`start_early`).
-
-    After :meth:`wait`: ``ray``, ``started`` (this run started Ray or joined by address: it ends
-    that at :meth:`close`), ``device`` (``cuda``/``cpu``), ``workers`` (actor handles), ``timings``."""
-
-    def __init__(self, address: str | None, device: str):
-        self.address, self.requested = address, device
-        self.ray, self.started, self.device, self.workers, self.specs = None, False, device, [], []
-        self.timings: dict = {}
-        self.message = ""
-        self.error: BaseException | None = None
-        self._t0 = time.perf_counter()
-        self._ready, self._release = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._start, daemon=True, name="quantize-ray-start")
-        self._thread.start()
-
-    def _start(self) -> None:
-        try:
-            self.ray = import_ray()
-            self.started, self.message = connect(self.ray, self.address)
-            self.timings["connect_s"] = round(time.perf_counter() - self._t0, 3)
-            self.device = _pick_device(self.ray, self.requested)
-            specs = worker_specs(self.ray, self.device)
-            kept = None if self.started else _checkout(self.ray, self.device, specs)
-            self.specs = specs
-            self.workers = kept or [_create(self.ray, self.device, s) for s in specs]
-            self.timings["workers_kept"] = bool(kept)
-        except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the driver's thread
-            self.error = exc
-        self._ready.set()
-        # Ray starts a local instance's processes (raylet, GCS) with a parent-death signal, which
-        # Linux sends when the *thread* that started them ends: this thread lives until close().
-        self._release.wait()
-
-    def wait(self) -> "Boot":
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def close(self, reusable: bool = False) -> None:
-        """Kill the workers (or keep them for the next run in this Ray session); stop Ray if ours."""
-        self._ready.wait()
-        try:
-            self._close(reusable)
-        finally:
-            self._release.set()
-
-    def _close(self, reusable: bool) -> None:
-        ray = self.ray
-        if ray is None or not ray.is_initialized():
-            return
-        if self.started:
-            ray.shutdown()
-        elif reusable:  # the caller's own Ray session: keep the warm workers for its next run
-            _checkin(ray, self.device, self.workers)
-        else:
-            for w in self.workers:
-                try:
-                    ray.kill(w)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-        self.workers = []
-
-
-def connect(ray, address: str | None) -> tuple[bool, str]:
-    """Join the cluster at `address` (or ``RAY_ADDRESS``), or start a local instance. Returns
-    (whether this call initialised Ray, so the run shuts it down; a line for the console)."""
-    if ray.is_initialized():
-        return False, "ray: using this process's Ray session"
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    _reachable(address)
-    # A local instance's workers at normal priority: Ray starts them at nice 15, so that on a busy
-    # machine they get a small share of the CPUs (the local executor gets a full one).
-    own = {} if address else {"_system_config": {"worker_niceness": 0}}
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True,
-                 **own)
-    except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError by version
-        where = address or "a local instance"
-        raise RayRunError(f"--executor ray: cannot connect to {where} ({type(exc).__name__}: {_first(exc)}); "
-                          f"start the cluster (ray start --head) or fix --ray-address") from None
-    res = ray.cluster_resources()
-    return True, (f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
-                  f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
-
-
-def _reachable(address: str | None, timeout_s: float = 10) -> None:
-    """Fail in seconds on a ``host:port`` nobody answers (Ray itself retries for minutes)."""
-    import socket
-
-    if not address or address in ("auto", "local") or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise RayRunError(f"--executor ray: cannot connect to {address} ({why}); start the cluster "
-                          f"(ray start --head) or fix --ray-address") from None
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
-
-
-def _pick_device(ray, device: str) -> str:
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if device == "auto":
-        return "cuda" if gpus else "cpu"
-    if device == "cuda" and not gpus:
-        raise UsageError("--device cuda --executor ray: the Ray cluster has no GPUs; use --device cpu or auto")
-    return device
-
-
-# -- the workers -------------------------------------------------------------------------------------
-def worker_specs(ray, device: str) -> list[dict]:
-    """One worker per GPU of every alive node (``cuda``), or per :data:`CPUS_PER_WORKER` CPUs
-    (``cpu``; a node with fewer gets one worker with all of them): ``[{node, num_cpus, num_gpus}]``."""
-    specs = []
-    for n in sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"]):
-        cpus, gpus = int(n["Resources"].get("CPU", 0)), int(n["Resources"].get("GPU", 0))
-        if device == "cuda":
-            specs += [{"node": n["NodeID"], "num_gpus": 1, "num_cpus": 1 if cpus >= gpus else 0}] * gpus
-        elif cpus:
-            k = max(1, cpus // CPUS_PER_WORKER)
-            specs += [{"node": n["NodeID"], "num_gpus": 0, "num_cpus": cpus // k}] * k
-    if not specs:
-        raise RayRunError(f"--executor ray: the Ray cluster has no {'GPU' if device == 'cuda' else 'CPU'} for a worker; "
-                          f"add nodes with resources or use another --device")
-    return specs
-
-
-def _create(ray, device: str, spec: dict):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from .ray_tasks import CONCURRENCY, ShardWorker
-
-    return (ray.remote(ShardWorker)
-            .options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"], max_concurrency=CONCURRENCY, max_restarts=0,
-                     scheduling_strategy=NodeAffinitySchedulingStrategy(spec["node"], soft=True))
-            .remote(device, max(1, spec["num_cpus"])))
-
-
-# Workers kept between runs of one process that uses its own Ray session (a library caller, the
-# tests): warm workers start the next run at once. Keyed by the session, device and worker layout.
-_pool: dict[tuple, list] = {}
-_pool_lock = threading.Lock()
-
-
-def _pool_key(ray, device: str, specs: list[dict]) -> tuple:
-    ctx = ray.get_runtime_context()  # the driver's node id and job: unique to this session
-    return ((ctx.get_node_id(), ctx.get_job_id()), device, tuple(tuple(sorted(s.items())) for s in specs))
-
-
-def _checkout(ray, device: str, specs: list[dict]):
-    key = _pool_key(ray, device, specs)
-    with _pool_lock:
-        for other in [k for k in _pool if k != key]:  # another session's (gone), or the cluster changed: start afresh
-            for w in _pool.pop(other):
-                if other[0] == key[0]:
-                    ray.kill(w)
-        return _pool.pop(key, None)
-
-
-def _checkin(ray, device: str, workers: list) -> None:
-    specs = worker_specs(ray, device)
-    with _pool_lock:
-        _pool[_pool_key(ray, device, specs)] = list(workers)
-
-
 # -- the run -----------------------------------------------------------------------------------------
 def produce(plan, work, done: set[int], ctx):
     """Write `plan`'s tasks not in `done` into ``work.partial`` with Ray workers; journal each task.
 
     Returns merged :class:`~.stats.RunStats` with a ``ray`` attribute for the report."""
     t0 = time.perf_counter()
-    boot = _adopt(ctx.ray_address, ctx.ray_device or "auto").wait()
+    boot = adopt(ctx.ray_address, ctx.ray_device or "auto").wait()
     ctx.info(boot.message)
     ok, bar, pool = False, None, None
     try:
@@ -284,7 +67,9 @@ def produce(plan, work, done: set[int], ctx):
         bar = pool.bar = _Bar(boot.ray, plan, pool, ctx.quiet)
         bar.update(sum(plan.tasks[i].bytes_in for i in done))
         ahead = executor_sizes(ctx.budget)["budget_bytes"] * 3 // 5
+        t1 = time.perf_counter()
         results = dispatch(pool, plan, partition(plan), done, work.journal, ahead, ctx.warn)
+        boot.timings["shards_s"] = round(time.perf_counter() - t1, 3)  # from the first unit handed out to the last one written
         if done:
             ctx.info(f"resuming: {sum(r['skipped'] for r in results.values())} of {len(results)} shard(s) complete")
         stats = merge(_finish(boot.ray, [pool.actors[w] for w in sorted(pool.live)]))
@@ -295,7 +80,9 @@ def produce(plan, work, done: set[int], ctx):
         whole = pool is not None and not pool.replaced and len(pool.live) == len(boot.specs)
         if pool is not None:
             boot.workers = pool.actors
+        t2 = time.perf_counter()
         boot.close(reusable=ok and whole)  # warm workers kept for this session's next run only when all are well
+        boot.timings["stop_s"] = round(time.perf_counter() - t2, 3)
     address = ctx.ray_address or os.environ.get("RAY_ADDRESS") or "local"
     stats.ray = {"address": address, "device": boot.device, "nodes": sorted({w["host"] for w in pool.where if w}),
                  "workers": [w for w in pool.where if w], "start_s": boot.timings,
@@ -329,7 +116,11 @@ class _Workers:
         self._owner: dict = {}  # handle -> worker
         self._starting: dict = {}  # prepare ref -> (worker, deadline or None: no worker is ready yet)
         self.replaced, self.why = 0, ""
-        self._start_all(ctx)
+        try:
+            self._start_all(ctx)
+        finally:  # a refused probe leaves no token behind in the work folder (it may be resumed, or finished)
+            for left in glob.glob(os.path.join(glob.escape(folder), f".ray-probe-{self.token}-*")):
+                os.unlink(left)
         self.workers = sorted(self.live)
 
     # -- starting -----------------------------------------------------------------------------------
@@ -377,7 +168,7 @@ class _Workers:
             return
         self.replaced += 1
         spec = self.specs[w]
-        self.actors.append(_create(self.ray, self.boot.device, spec))
+        self.actors.append(create(self.ray, self.boot.device, spec))
         self.specs.append(spec)
         self.where.append(None)
         self._starting[self.actors[-1].prepare.remote(*self.args)] = (len(self.actors) - 1, time.monotonic() + STRAGGLER_S)
@@ -397,7 +188,7 @@ class _Workers:
                 self._ready(w, ray.get(ref))
                 new.append(w)
             except ray.exceptions.RayActorError as exc:  # e.g. a worker kept from an earlier run that is gone
-                self.why = f"{type(exc).__name__}: {_first(exc)}"
+                self.why = f"{type(exc).__name__}: {first_line(exc)}"
                 self.replace(w)
             except Exception as exc:  # noqa: BLE001
                 raise _translate(ray, exc, "preparing the Ray workers") from None
@@ -433,7 +224,7 @@ class _Workers:
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                 ray.exceptions.ObjectLostError) as exc:
             self.live.discard(w)
-            raise WorkerLost(f"{type(exc).__name__}: {_first(exc)}") from None
+            raise WorkerLost(f"{type(exc).__name__}: {first_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001
             raise _translate(ray, exc, "writing the shards") from None
 
@@ -518,9 +309,8 @@ def _translate(ray, exc: BaseException, what: str) -> QuantizeError:
         return cause
     if isinstance(exc, QuantizeError):
         return exc
-    return RayRunError(f"{what}: Ray failed ({type(exc).__name__}: {_first(exc)}); the work folder is kept: "
+    return RayRunError(f"{what}: Ray failed ({type(exc).__name__}: {first_line(exc)}); the work folder is kept: "
                        f"rerun with --resume once the cluster is healthy")
 
 
-__all__ = ["produce", "check_options", "check_device", "import_ray", "RayRunError", "connect", "start_early",
-           "abandon_early", "worker_specs", "CPUS_PER_WORKER"]
+__all__ = ["produce", "check_options", "check_device", "import_ray", "RayRunError", "STRAGGLER_S"]

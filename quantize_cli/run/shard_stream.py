@@ -184,10 +184,7 @@ class ShardStream:
             self._break(exc)
             stopped = out.abort(30.0 if isinstance(exc, Exception) else 0.05)
             self._closer.shutdown(wait=True)
-            if stopped:
-                for w in list(self._files.open.values()):
-                    w.abort()
-            self._fail_pending(exc)
+            self._fail_pending(exc, release=stopped)  # never close a file a write is still using
             return
         finally:
             reader.close()
@@ -259,8 +256,6 @@ class ShardStream:
 
     def _finish(self, job: _Job, error: BaseException | None) -> None:
         """Close (fsync) `job`'s shard and settle its future (closer thread)."""
-        import shutil
-
         from ..errors import DestinationError
 
         try:
@@ -273,11 +268,7 @@ class ShardStream:
             if error is not None:
                 job.writer.abort()
         finally:
-            self._files.open.pop(job.unit.shard, None)
-            if job.lock is not None:
-                os.close(job.lock)
-            if job.scratch:
-                shutil.rmtree(job.scratch, ignore_errors=True)
+            self._release(job)
         result = {"shard": self.plan.shard_names[job.unit.shard], "index": job.unit.shard, "bytes_in": job.unit.bytes_in,
                   "parts": job.parts, "seconds": time.perf_counter() - job.started, "skipped": False,
                   "kept": len(job.unit_done), **self.where}
@@ -298,7 +289,21 @@ class ShardStream:
         if self._progress is not None:
             self._progress(n)
 
-    def _settle(self, job: _Job, error: BaseException | None, result=None) -> None:
+    def _release(self, job: _Job) -> None:
+        """Give back what `job` holds: its open file, the lock on it, a --low-disk scratch folder."""
+        import shutil
+
+        if self._files.open.pop(job.unit.shard, None) is not None and job.writer is not None:
+            job.writer.abort()  # closes without syncing; a no-op after close()
+        if job.lock is not None:
+            lock, job.lock = job.lock, None
+            os.close(lock)
+        if job.scratch:
+            shutil.rmtree(job.scratch, ignore_errors=True)
+
+    def _settle(self, job: _Job, error: BaseException | None, result=None, release: bool = True) -> None:
+        if error is not None and release:
+            self._release(job)  # a unit that failed before its file was closed (a worker kept warm must not hold the lock)
         with self._lock:
             self._pending.discard(job)
             if job.future.done():
@@ -313,11 +318,11 @@ class ShardStream:
             self._broken = self._broken or exc
         self._inbox.put(None)  # wakes the read thread if it waits for a unit
 
-    def _fail_pending(self, exc: BaseException) -> None:
+    def _fail_pending(self, exc: BaseException, release: bool = True) -> None:
         with self._lock:
             jobs = list(self._pending)
         for job in jobs:
-            self._settle(job, exc)
+            self._settle(job, exc, release=release)
 
 
 def _resolver(hub, reads):

@@ -5,7 +5,7 @@
 - the local executor: the CUDA context and the Triton kernels of each device, on daemon threads
   (:func:`~.context.warm_device`);
 - ``--executor ray``: joining or starting Ray and creating the workers, which import torch, create
-  their CUDA contexts and load the kernels meanwhile (:func:`~.ray_executor.start_early`). Nothing
+  their CUDA contexts and load the kernels meanwhile (:func:`~.ray_start.start_early`). Nothing
   for a dry run, nor for a ``--resume`` of a finished DST (no byte to write).
 
 The executor adopts what was started; :func:`end` stops what nobody adopted (a plan that was
@@ -23,9 +23,9 @@ def begin(how, opts, finished: bool) -> None:
     """Start ahead what the run of `opts` will need (`how`: run/options.RunChecked)."""
     if how.ray_device is not None:
         if not (opts.dry_run or finished):
-            from . import ray_executor
+            from . import ray_start
 
-            ray_executor.start_early(opts.ray_address, how.ray_device)
+            ray_start.start_early(opts.ray_address, how.ray_device)
         return
     for dev in how.device if isinstance(how.device, tuple) else (how.device,):
         warm_device(dev)
@@ -33,9 +33,9 @@ def begin(how, opts, finished: bool) -> None:
 
 def end() -> None:
     """Stop what :func:`begin` started and no executor adopted."""
-    ray_executor = sys.modules.get(f"{__package__}.ray_executor")
-    if ray_executor is not None:
-        ray_executor.abandon_early()
+    ray_start = sys.modules.get(f"{__package__}.ray_start")
+    if ray_start is not None:
+        ray_start.abandon_early()
 
 
 __all__ = ["begin", "end"]
