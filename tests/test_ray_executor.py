@@ -194,7 +194,7 @@ def test_nan_stops_the_run_with_the_tensor_named(cluster, make_checkpoint, tmp_p
     assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
 
 
-def test_nan_in_a_split_group_is_named_by_the_amax_task(cluster, sources, make_checkpoint, tmp_path):
+def test_nan_in_a_member_written_by_another_shard_is_named(cluster, sources, make_checkpoint, tmp_path):
     plan = prepare(sources["dense"], "NVFP4", max_shard_size=SHARD)
     member = next(plan.tasks[i] for u in partition(plan) for i in u.needs_amax).members[-1]
     cfg = llama_config()

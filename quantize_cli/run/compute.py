@@ -70,14 +70,12 @@ class ComputeStage:
             returns its bytes to the read budget.
         write: ``(output name, tensor, byte offset)`` to the write stage.
         quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels), default the reference.
-        fixed_amax: member module -> 0-d fp32 amax of its whole group, computed elsewhere (the Ray
-            driver, for groups split across shards); the members' own amaxes are still checked.
         resolve: where a NaN scan reads a tensor (the --low-disk resolver), or None.
     """
 
     def __init__(self, plan: Plan, device: torch.device, fetch: Callable[[Read], torch.Tensor], release: Callable[[Read], None],
                  write: Callable, quantize_fn=None, measure_error: bool = False, progress: Callable[[int], None] | None = None,
-                 fixed_amax: dict | None = None, resolve=None, timers: Timers | None = None):
+                 resolve=None, timers: Timers | None = None):
         self.plan = plan
         self.device = device
         self.fetch = fetch
@@ -86,7 +84,6 @@ class ComputeStage:
         self.quantize_fn = quantize_fn or (lambda scheme, w, g: scheme.quantize(w, g))
         self.measure_error = measure_error
         self.progress = progress or (lambda n: None)
-        self.fixed_amax = fixed_amax or {}
         self.resolve = resolve
         self.timers = timers or Timers()
         self.stats = RunStats()
@@ -143,8 +140,7 @@ class ComputeStage:
         gamax = torch.stack([a.reshape(()) for a in amaxes]).amax()
         if len(members) > 1:
             self._warn_drowned(members, amaxes, gamax, scheme)
-        fixed = self.fixed_amax.get(members[0].module)
-        state.shared = gamax if fixed is None else fixed.to(self.device)
+        state.shared = gamax
 
     def _quantize(self, step: Quantize, task, scheme, state) -> None:
         m, req = step.member, step.read

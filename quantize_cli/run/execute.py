@@ -48,11 +48,9 @@ class Executor:
         quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels on a GPU), default the reference.
         measure_error: accumulate per-tensor relative error / SQNR (for --report).
         progress: a callable taking the number of source bytes just consumed.
-        done: indices of tasks already complete (resume); on_task_written(i, digest) journals new ones;
-            on_task_parts(i, {output: digest}): the same per output tensor (Ray joins a task's parts).
+        done: indices of tasks already complete (resume); on_task_written(i, digest) journals new ones.
         resolver: low-disk Hub mode: fetches a source shard on first read, drops it after its last
             (built from the reads to come: ``Schedule(plan, **sizes).reads(tasks)``, no executor needed).
-        fixed_amax: member module -> its group's amax computed elsewhere (Ray, split groups).
         process_budget: --memory-budget counting the whole process (host_memory.py): the bytes in
             flight are cut to it minus the process's RSS once the device is warm. None: only
             `budget_bytes` bounds them.
@@ -61,8 +59,7 @@ class Executor:
     def __init__(self, plan: Plan, writer, device: torch.device, chunk_bytes: int = CHUNK_BYTES, hold_bytes: int = HOLD_BYTES,
                  budget_bytes: int = 4 << 30, overlap: bool = True, quantize_fn=None, measure_error: bool = False,
                  progress: Callable[[int], None] | None = None, done: set[int] | frozenset[int] = frozenset(),
-                 on_task_written: Callable[[int, str], None] | None = None, resolver=None, fixed_amax: dict | None = None,
-                 process_budget: int | None = None, on_task_parts: Callable[[int, dict], None] | None = None):
+                 on_task_written: Callable[[int, str], None] | None = None, resolver=None, process_budget: int | None = None):
         self.plan = plan
         self.writer = writer
         self.device = device
@@ -74,9 +71,7 @@ class Executor:
         self.progress = progress or (lambda n: None)
         self.done = frozenset(done)
         self.on_task_written = on_task_written or (lambda i, digest: None)
-        self.on_task_parts = on_task_parts
         self.resolver = resolver
-        self.fixed_amax = fixed_amax
         self.process_budget = process_budget
         self.pin = device.type == "cuda"
         self.writer_stopped = True  # False after a failure that left the write thread inside a write
@@ -96,10 +91,9 @@ class Executor:
         timers = Timers()
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
                            self.overlap, timers)
-        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers,
-                          on_task_parts=self.on_task_parts)
+        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers)
         compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, out.write, self.quantize_fn,
-                               self.measure_error, self.progress, self.fixed_amax,
+                               self.measure_error, self.progress,
                                self.resolver.resolve if self.resolver is not None else None, timers)
         try:
             if self.process_budget is not None:  # reads start at once; the limit is final once CUDA and Triton are in

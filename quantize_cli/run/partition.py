@@ -6,8 +6,8 @@ shards (a fused q/k/v group whose k sits in the next shard; even one module's ``
 shard, every plan task that writes into it, cut down to what that shard needs:
 
 - a plain ``quantize`` task keeps only the members with an output in the shard. Where that drops
-  members of a group sharing one global amax (FP8 per-tensor, NVFP4), the unit cannot compute the
-  shared amax itself: the driver computes it first (:func:`group_amax_sources`) and hands it in.
+  members of a group sharing one global amax (FP8 per-tensor, NVFP4), the unit still reads every
+  member for the shared amax (``needs_amax``; :func:`~.shard_stream.unit_steps`).
 - a ``moe`` stack or a densely packed group (``--layout``) needs every member to pack, so it is kept
   whole; outputs that belong to other shards are computed but not written (only at boundaries).
 - a ``copy`` task has one output, hence one shard.
@@ -29,7 +29,7 @@ class ShardUnit:
     Attributes:
         shard: output shard index (into ``plan.shard_names``).
         tasks: ``(plan task index, task cut to this shard)`` in plan (source) order.
-        needs_amax: plan task indices whose shared amax the driver must supply.
+        needs_amax: plan task indices whose shared amax spans members written by other units.
     """
 
     shard: int
@@ -66,10 +66,4 @@ def partition(plan: Plan) -> list[ShardUnit]:
     return [ShardUnit(s, tuple(work), tuple(sorted(amax[s]))) for s, work in enumerate(per_shard)]
 
 
-def group_amax_sources(plan: Plan, units: list[ShardUnit]) -> dict[int, list]:
-    """Plan task index -> every member's source TensorInfo, for the groups split across units."""
-    needed = sorted({i for u in units for i in u.needs_amax})
-    return {i: [m.source for m in plan.tasks[i].members] for i in needed}
-
-
-__all__ = ["ShardUnit", "partition", "group_amax_sources"]
+__all__ = ["ShardUnit", "partition"]

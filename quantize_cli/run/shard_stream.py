@@ -119,6 +119,7 @@ class ShardStream:
         self._writing: _Job | None = None
         self._files = _Files(plan.outputs)
         self._pool = None  # host_memory.PinnedPool once the device is warm
+        self._hub_cache = None
         self._closer = ThreadPoolExecutor(1, thread_name_prefix="quantize-close")
         self.stats = RunStats()
         self._thread = threading.Thread(target=self._main, daemon=True, name=f"quantize-stream-{device}")
@@ -167,7 +168,7 @@ class ShardStream:
         try:
             fn = quantize_fn(self.kernels, self.device, self.warn, self.plan.format.reference_math_only)
             compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, lambda *a: self._write(out, *a), fn,
-                                   self.measure, self._consumed, None, None, timers)
+                                   self.measure, self._consumed, None, timers)
             with timers.time("wait_device"):
                 baseline = warm_baseline(self.device) - reads.used
             self.stats.baseline_rss = baseline
@@ -204,14 +205,29 @@ class ShardStream:
         schedule = Schedule(self.plan, **self.sizes)
         while (job := self._inbox.get()) is not None and self._broken is None:
             job.started = time.perf_counter()
-            job.todo = [(i, *unit_steps(schedule, self.plan, i, t)) for k, (i, t) in enumerate(job.unit.tasks)
-                        if k not in job.unit_done]
-            job.resolver, job.scratch = _resolver(self.hub, [r for _, _, steps in job.todo for r in steps_reads(steps)])
+            try:
+                job.todo = [(i, *unit_steps(schedule, self.plan, i, t)) for k, (i, t) in enumerate(job.unit.tasks)
+                            if k not in job.unit_done]
+                job.resolver, job.scratch = self._resolver([r for _, _, steps in job.todo for r in steps_reads(steps)])
+            except BaseException as exc:  # noqa: BLE001 - the compute thread raises it once its current unit is done
+                self._break(exc)
+                break
             self._started.put(job)
             self._reading = job
             for _, _, steps in job.todo:
                 yield from steps_reads(steps)
         self._started.put(None)
+
+    def _resolver(self, reads):
+        """A Hub source's resolver for a unit's `reads`: the node's cache, one for the whole stream (each
+        file looked up once), or with --low-disk one scratch folder per unit (hub_source.py)."""
+        from .hub_source import hub_resolver
+
+        if self.hub and not self.hub[2]:
+            if self._hub_cache is None:
+                self._hub_cache = hub_resolver(self.hub, reads)[0]
+            return self._hub_cache, None
+        return hub_resolver(self.hub, reads)
 
     def _load(self, req):
         from ..modules.experts import read_rows
@@ -323,12 +339,6 @@ class ShardStream:
             jobs = list(self._pending)
         for job in jobs:
             self._settle(job, exc, release=release)
-
-
-def _resolver(hub, reads):
-    from .hub_source import hub_resolver
-
-    return hub_resolver(hub, reads)
 
 
 LOCK_WAIT_S = 120  # a shard still locked by a dying worker of an earlier run gets this long
