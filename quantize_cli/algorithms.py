@@ -11,6 +11,7 @@ and numbers from here instead of keeping copies.
     NVFP4, W4A16_NVFP4           NVFP4, W4A16_NVFP4        1 x 16 (e4m3 scales) + fp32 global
     INT8                         W8A16                     one output row
     MXFP8                        MXFP8                     1 x 32 (e8m0 scales)
+    INT4, INT4_ASYM              W4A16_AWQ                 1 x 128 (int4; ASYM: compressed-tensors only)
 
 Several algorithms in one checkpoint (``--algo-for``) are written as ``MIXED_PRECISION``.
 """
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 # --- Algorithms -------------------------------------------------------------------------------
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
-ALIASES = {"W8A16": "INT8"}  # ModelOpt's name for what this tool calls INT8
+ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8", "INT4", "INT4_ASYM")
+ALIASES = {"W8A16": "INT8",  # ModelOpt's name for what this tool calls INT8
+           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM"}  # llm-compressor's preset names
 MIXED_PRECISION = "MIXED_PRECISION"  # the quant_algo of a checkpoint holding several algorithms
 
 # The ``quant_algo`` each algorithm writes in hf_quant_config.json / config.json.
@@ -32,6 +34,8 @@ QUANT_ALGO = {
     "W4A16_NVFP4": "W4A16_NVFP4",
     "INT8": "W8A16",
     "MXFP8": "MXFP8",
+    "INT4": "W4A16_AWQ",  # what ModelOpt calls group-128 int4 weight-only, AWQ-smoothed or not
+    "INT4_ASYM": "W4A16_AWQ",  # with zero points (has_zero_point): never written as ModelOpt here
 }
 
 

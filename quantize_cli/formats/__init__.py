@@ -14,6 +14,8 @@ documents (config.json block, ``hf_quant_config.json``) and how ``verify`` / ``i
 | W4A16_NVFP4                 | W4A16_NVFP4           | NVFP4A16                           |
 | INT8                        | W8A16                 | W8A8 (dynamic per-token int8)      |
 | MXFP8                       | MXFP8                 | MXFP8 (dynamic MX activations)     |
+| INT4                        | W4A16_AWQ             | W4A16 (pack-quantized, group 128)  |
+| INT4_ASYM                   | (refused)             | W4A16_ASYM (with zero points)      |
 
 Mixed precision (``--algo-for``) is ModelOpt's MIXED_PRECISION there and several
 ``config_groups`` here (ct_mixed.py).
@@ -26,6 +28,7 @@ import os
 
 from ..errors import UsageError
 from ..schemes import Scheme
+from .ct_int4 import CtInt4
 from .ct_mxfp8 import CtMxfp8
 from .ct_schemes import CtFp8, CtInt8, CtNvfp4, CtScheme
 from .static_scales import static_input_value
@@ -45,6 +48,8 @@ CT_SCHEMES: dict[str, CtScheme] = {
         CtNvfp4("W4A16_NVFP4", "W4A16_NVFP4", shares_global_amax=True, group_size=16, preset="NVFP4A16"),
         CtInt8("INT8", "W8A16", preset="W8A8"),
         CtMxfp8("MXFP8", "MXFP8", group_size=32, preset="MXFP8"),
+        CtInt4("INT4", "W4A16_AWQ", group_size=128, row_align=2, preset="W4A16", symmetric=True),
+        CtInt4("INT4_ASYM", "W4A16_AWQ", group_size=128, row_align=8, preset="W4A16_ASYM", symmetric=False),
     )
 }
 
@@ -60,6 +65,8 @@ def check_format(fmt: str | None) -> str:
 def scheme_for(fmt: str, scheme: Scheme) -> Scheme:
     """The scheme that writes `scheme`'s algorithm in format `fmt` (ModelOpt: `scheme` itself)."""
     if check_format(fmt) != COMPRESSED_TENSORS:
+        if scheme.modelopt_refusal:
+            raise UsageError(f"--algo {scheme.algo} --format modelopt: {scheme.modelopt_refusal}")
         return scheme
     if scheme.algo not in CT_SCHEMES:  # every algorithm has a preset today; a new one must be added above
         raise UsageError(f"--algo {scheme.algo} --format compressed-tensors: compressed-tensors has no preset for it here; "

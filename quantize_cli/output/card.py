@@ -42,10 +42,10 @@ MAX_EXCLUDED_ROWS = 40
 
 # Which loaders serve which algorithm from the plain ModelOpt checkpoint (docs/formats.md).
 _VLLM = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4"}
-_TRTLLM = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "INT8"}
+_TRTLLM = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "INT8", "INT4"}
 _SGLANG = {"FP8", "NVFP4"}
 _TAGS = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "FP8_PB_WO": "fp8", "NVFP4": "nvfp4",
-         "W4A16_NVFP4": "nvfp4", "INT8": "int8"}
+         "W4A16_NVFP4": "nvfp4", "INT8": "int8", "INT4": "int4", "INT4_ASYM": "int4"}
 _DESCRIBE = {
     "FP8": "FP8 e4m3 weights with one fp32 scale per tensor; static per-tensor FP8 activations",
     "FP8_PER_CHANNEL_PER_TOKEN": "FP8 e4m3 weights with one scale per output channel; dynamic per-token FP8 activations",
@@ -53,6 +53,8 @@ _DESCRIBE = {
     "NVFP4": "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); static global + dynamic group FP4 activations",
     "W4A16_NVFP4": "NVFP4 weights (E2M1, 16-element groups); 16-bit activations",
     "INT8": "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations",
+    "INT4": "int4 weights with one scale per 128-element group (W4A16, symmetric); 16-bit activations",
+    "INT4_ASYM": "int4 weights with one scale and zero point per 128-element group (W4A16_ASYM); 16-bit activations",
 }
 
 

@@ -36,7 +36,7 @@ from .validate import ERROR, WARNING, Finding
 
 MIXED = MIXED_PRECISION
 # What vLLM 0.33's ModelOptMixedPrecisionConfig serves per layer (LINEAR_ALGOS, RoutedExperts branch).
-LINEAR_SERVED = tuple(a for a in ALGOS if a != "INT8")  # ModelOpt W8A16 is not among them
+LINEAR_SERVED = tuple(a for a in ALGOS if a not in ("INT8", "INT4", "INT4_ASYM"))  # ModelOpt W8A16 / W4A16_AWQ are not among them
 MOE_SERVED = ("FP8", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8")
 
 

@@ -156,6 +156,10 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
     if scheme.algo == "INT8" and quantized and not schemes and not is_ct(scheme):  # compressed-tensors W8A8 is served by vLLM
         out.append(Finding(WARNING, "int8-vllm", scheme.algo,
             "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
+    if scheme.algo == "INT4" and quantized and not schemes and not is_ct(scheme):  # compressed-tensors W4A16 is served by vLLM
+        out.append(Finding(WARNING, "int4-vllm", scheme.algo,
+            "INT4 is written as ModelOpt W4A16_AWQ, which TensorRT-LLM serves but vLLM 0.33's ModelOpt loader does not; "
+            "--format compressed-tensors (W4A16) is served by vLLM with Marlin / Machete"))
     for pat in exclude:
         if not any(pat in m.matched_by for m in mods.values()):
             out.append(Finding(WARNING, "pattern-unmatched", pat,

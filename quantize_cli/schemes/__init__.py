@@ -6,6 +6,7 @@ from ..algorithms import ALGOS, FP8_BLOCK, MX_BLOCK, NVFP4_GROUP, QUANT_ALGO, al
 from ..errors import UsageError
 from .base import Scheme
 from .fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+from .int4 import INT4_GROUP, Int4Group
 from .int8 import Int8PerChannel
 from .mxfp8 import Mxfp8
 from .nvfp4 import Nvfp4
@@ -27,6 +28,10 @@ SCHEMES: dict[str, Scheme] = {
         Nvfp4("W4A16_NVFP4", QUANT_ALGO["W4A16_NVFP4"], shares_global_amax=True, group_size=NVFP4_GROUP),
         Int8PerChannel("INT8", QUANT_ALGO["INT8"]),
         Mxfp8("MXFP8", QUANT_ALGO["MXFP8"], group_size=MX_BLOCK),
+        Int4Group("INT4", QUANT_ALGO["INT4"], group_size=INT4_GROUP, row_align=2),
+        Int4Group("INT4_ASYM", QUANT_ALGO["INT4_ASYM"], group_size=INT4_GROUP, row_align=2, modelopt_refusal=(
+            "ModelOpt's W4A16_AWQ (TensorRT-LLM) carries no zero points; use --format compressed-tensors "
+            "(W4A16_ASYM, served by vLLM) or --algo INT4")),
     )
 }
 assert tuple(SCHEMES) == ALGOS  # one list of algorithms (algorithms.py)

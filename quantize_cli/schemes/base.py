@@ -44,6 +44,7 @@ class Scheme:
         group_size: the quantization group written in the configs (NVFP4: 16), else None.
         row_align: row chunks passed to :meth:`quantize` must be multiples of this.
         moe_served: vLLM's ModelOpt MoE path can load experts in this format.
+        modelopt_refusal: why this algorithm is not written in the ModelOpt format (None: it is).
     """
 
     algo: str
@@ -53,6 +54,7 @@ class Scheme:
     group_size: int | None = None
     row_align: int = 1
     moe_served: bool = True
+    modelopt_refusal: str | None = None
 
     def shape_problem(self, shape: tuple[int, ...]) -> str | None:
         """Why a weight of `shape` cannot be quantized with this scheme, or None if it can."""
