@@ -91,3 +91,18 @@ def test_llm_compressor_preset_names_are_aliases(tmp_path):
     qc = json.load(open(tmp_path / "out" / "config.json"))["quantization_config"]
     assert list(qc["config_groups"]) == ["W4A16_ASYM"] and qc["format"] == "pack-quantized"
     assert torch.equal(load_all(tmp_path / "out")["model.layers.0.mlp.up_proj.weight_shape"], torch.tensor([512, 256]))
+
+
+def test_vllm_loads_our_int4_as_we_dequantize_it():
+    """vllm_int4_load.json (bench/ct_vllm_int4_load.py in the vLLM 0.33 scratch venv): vLLM's own
+    QKV / merged / row-parallel Linears, loaded through its weight loaders from our tiny-llama
+    outputs, dequantize to exactly our values, with the scheme and code type check predicts."""
+    from quantize_cli.formats.vllm_ct import VLLM_CT
+
+    with open(os.path.join(CT, "vllm_int4_load.json")) as f:
+        res = json.load(f)
+    assert set(res) == {"INT4", "INT4_ASYM"}
+    for algo, layers in res.items():
+        assert len(layers) == 8 and all(v["equal"] for v in layers.values()), algo
+        assert {v["scheme"] for v in layers.values()} == {VLLM_CT[algo][0]}
+        assert {v["quant_type"] for v in layers.values()} == {"uint4b8" if algo == "INT4" else "uint4"}
