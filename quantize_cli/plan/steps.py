@@ -139,7 +139,7 @@ def check_options(opts: ConvertOptions) -> Checked:
 
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
-    parse_algo_for(opts.algo_for)
+    parse_algo_for(opts.algo_for, opts.format)  # the output format decides which algorithms --algo-for may name
     _kv(opts.kv_cache_dtype)
     budget = _size(opts.memory_budget, "--memory-budget")
     if opts.layout not in ("plain", "marlin", "cutlass", "flashinfer"):
