@@ -124,3 +124,16 @@ def test_cli_names(tmp_path):
     assert r.exit_code == 0 and output_files(tmp_path / "a") == output_files(tmp_path / "b")
     r = CliRunner().invoke(main, ["convert", TINY, "-o", str(tmp_path / "c"), "--algo", "int4_asym", "--device", "cpu"])
     assert r.exit_code == 2 and "carries no zero points" in r.output and "\n" not in r.output.strip()
+
+
+@pytest.mark.parametrize("algo,fmt", [("INT4", "modelopt"), ("INT4_ASYM", "compressed-tensors")])
+def test_nan_weight_is_refused_naming_the_tensor(make_checkpoint, tmp_path, algo, fmt):
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
+    from quantize_cli.errors import NumericsError
+
+    cfg = llama_config()
+    t = llama_tensors(cfg)
+    t["model.layers.1.mlp.up_proj.weight"][3, 200] = float("nan")
+    with pytest.raises(NumericsError, match=r"model.layers.1.mlp.up_proj.weight .*\[3, 200\]"):
+        run(make_checkpoint(t, cfg), tmp_path / "out", algo, format=fmt)
+    assert not os.path.exists(tmp_path / "out")
