@@ -51,10 +51,12 @@ def round_codes(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     against it: ``[N, 1]`` for one group's columns, ``[N, c]`` per element (:func:`expand_groups`).
     This is the rounding GPTQ applies column by column with the scales fixed beforehand.
     """
+    import torch
+
     q = w.float() / scale
     if zero_point is not None:
         q = q + zero_point
-    return q.round_().clamp_(INT4_MIN, INT4_MAX).to(_int8())
+    return q.round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8)
 
 
 def dequantize_codes(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,7 +74,9 @@ def expand_groups(s: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
 
 def pack_row_pairs(q: torch.Tensor) -> torch.Tensor:
     """int8 codes ``[N, K]`` (N even) -> uint8 ``[N/2, K]``: row 2i in the low nibble, 2i+1 high."""
-    u = q.view(_uint8()) & 0xF
+    import torch
+
+    u = q.view(torch.uint8) & 0xF
     return u[0::2] | (u[1::2] << 4)
 
 
@@ -84,18 +88,6 @@ def unpack_row_pairs(packed: torch.Tensor) -> torch.Tensor:
     lo, hi = (p & 0xF).to(torch.int8), (p >> 4).to(torch.int8)
     codes = torch.stack((lo, hi), dim=1).reshape(2 * p.shape[0], p.shape[1])
     return torch.where(codes > INT4_MAX, codes - 16, codes)
-
-
-def _int8():
-    import torch
-
-    return torch.int8
-
-
-def _uint8():
-    import torch
-
-    return torch.uint8
 
 
 def int4_shape_problem(shape: tuple[int, ...], row_multiple: int, why_rows: str) -> str | None:
