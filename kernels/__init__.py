@@ -63,6 +63,7 @@ def _scheme(scheme):
 def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Dispatch one validated, contiguous stack ``w [B, N, K]`` (``gamax`` ``[B]`` or None)."""
     from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+    from ..schemes.int4 import Int4Group
     from ..schemes.int8 import Int8PerChannel
     from ..schemes.mxfp8 import Mxfp8
     from ..schemes.nvfp4 import Nvfp4
@@ -108,6 +109,11 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
         from . import mxfp8_quant
 
         q, s = mxfp8_quant.quantize(w)
+        return {"weight": q, "weight_scale": s}
+    if isinstance(scheme, Int4Group):
+        from . import int4_quant
+
+        q, s = int4_quant.quantize(w)
         return {"weight": q, "weight_scale": s}
     raise ValueError(f"no Triton kernel for scheme {scheme.algo!r} ({type(scheme).__name__})")
 

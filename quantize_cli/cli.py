@@ -56,7 +56,7 @@ def common(fn):
 
 
 class AlgoType(click.ParamType):
-    """Case-insensitive algorithm name (``fp8_pb_wo`` works; ``W8A16`` means INT8)."""
+    """Case-insensitive algorithm name (``fp8_pb_wo`` works; ``W8A16`` means INT8, ``W4A16`` INT4)."""
 
     name = "ALGO"
 

@@ -38,6 +38,9 @@ PRESETS: dict[str, tuple[str, dict, dict | None]] = {
     "NVFP4A16": ("nvfp4-pack-quantized", quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE), None),
     "MXFP8": ("mxfp8-quantized", quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE),
               quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE, dynamic=True)),
+    "W4A16": ("pack-quantized", quant_args(strategy="group", group_size=128, num_bits=4, type="int"), None),
+    "W4A16_ASYM": ("pack-quantized", quant_args(strategy="group", group_size=128, num_bits=4, type="int", symmetric=False,
+                                                zp_dtype="torch.int8"), None),
 }
 MIXED_FORMAT = "mixed-precision"  # the top-level format llm-compressor writes when the groups' formats differ
 FP8_KV_CACHE = quant_args()  # static per-tensor FP8 (vLLM uses scale 1.0 when the checkpoint has none)

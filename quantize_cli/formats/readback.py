@@ -24,10 +24,11 @@ from ..schemes.numerics import all_finite
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
 SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0,
-                 "MXFP8": 20.0}
+                 "MXFP8": 20.0, "INT4": 10.0, "INT4_ASYM": 10.0}
 MEDIAN_MARGIN_DB = 6.0
 QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale",
-                 "weight_packed", "weight_global_scale", "input_global_scale")  # ModelOpt + compressed-tensors
+                 "weight_packed", "weight_global_scale", "input_global_scale",
+                 "weight_shape", "weight_zero_point")  # ModelOpt + compressed-tensors
 READ_CHUNK = 64 << 20
 
 

@@ -68,7 +68,7 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme, fmt, check_format: boo
                 f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
                 f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"))
     served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
-    if served and check_format and not fmt.moe_served(scheme.algo):
+    if served and check_format and fmt.moe_unserved(scheme.algo):
         out.append(Finding(ERROR, "moe-format", served[0],
             f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), MXFP8, "
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
@@ -113,9 +113,12 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
                 f"{s.algo} uses static activation scales and no calibration data was given: every input_scale is the "
                 f"documented constant {s.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
                 f"calibrate with --calib-data default (docs/calibration.md)"))
-    if scheme.algo == "INT8" and quantized and not schemes and fmt is not None and not fmt.served[scheme.algo].vllm:
-        out.append(Finding(WARNING, "int8-vllm", scheme.algo,
-            "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
+    served = fmt.served.get(scheme.algo) if fmt is not None else None
+    if quantized and not schemes and served is not None and not served.vllm and fmt.engines([scheme.algo]):
+        # written, and served by another engine (the format's table), but not by vLLM: say so, and where vLLM serves it
+        out.append(Finding(WARNING, f"{scheme.algo.lower()}-vllm", scheme.algo,
+            f"{scheme.algo} is written as {fmt.name} {scheme.quant_algo}, which {' and '.join(fmt.engines([scheme.algo]))} "
+            f"serves but vLLM 0.33's {fmt.name} loader does not; --format compressed-tensors is served by vLLM"))
     for pat in exclude:
         if not any(pat in m.matched_by for m in mods.values()):
             out.append(Finding(WARNING, "pattern-unmatched", pat,

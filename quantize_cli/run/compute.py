@@ -163,6 +163,8 @@ class ComputeStage:
         w = state.held.pop(step.slot) if step.held else self.fetch(req)
         with self.timers.time("compute"):
             out = self._calibrated(m.module, self.quantize_fn(scheme, w, state.shared if step.shared else None))
+            if req.start == 0:  # shape-only outputs (compressed-tensors' weight_shape): once per tensor, at offset 0
+                out.update(scheme.shape_outputs((m.source.shape[0], w.shape[1])))
             if step.collect:  # whole members: refuse NaN at once (the packing would carry it)
                 check_finite(m.source, out, self.resolve)
             else:
