@@ -124,8 +124,9 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme, kv_cache_d
         findings[:] = [f for f in findings if f.code != "uncalibrated"]
         return None
     if scheme.static_input_scale is None:
-        findings.append(Finding(WARNING, "calib-ignored", scheme.algo, f"{scheme.algo} quantizes activations dynamically "
-                                "(or not at all): the calibration data / --act-scales is ignored"))
+        if getattr(scheme, "scale_search", "none") == "none":  # else the data weights the search (search_weights.py)
+            findings.append(Finding(WARNING, "calib-ignored", scheme.algo, f"{scheme.algo} quantizes activations dynamically "
+                                    "(or not at all): the calibration data / --act-scales is ignored"))
         return None
     quantized = [m.name for m in mods.values() if m.quantize]
     shared = {k: [m.name for m in v] for k, v in groups.items() if all(m.quantize for m in v)}

@@ -85,9 +85,11 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
 
 
 def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
-                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False):
-    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations);
-    with `dry_run` and ``--calib-data``: a :class:`PlannedCalibration` (checked, not run)."""
+                       revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False,
+                       scale_search: str | None = None):
+    """The ScalesDoc a conversion uses, or None (no calibration asked for, or dynamic activations
+    without ``--scale-search mse``, whose search the data weights); with `dry_run` and
+    ``--calib-data``: a :class:`PlannedCalibration` (checked, not run)."""
     if calib_data is None and act_scales is None:
         if calib_samples is not None or calib_seq_len is not None:
             raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
@@ -98,7 +100,8 @@ def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq
         raise UsageError("--low-disk with calibration: the forward needs the whole source on disk; drop --low-disk")
     from ..schemes import get_scheme
 
-    if get_scheme(algo).static_input_scale is None:
+    searched = (scale_search or "none").lower() != "none"
+    if get_scheme(algo).static_input_scale is None and not searched:
         (warn or (lambda m: None))(f"{algo} quantizes activations dynamically (or not at all): "
                                    f"{'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
         return None

@@ -187,7 +187,7 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console) -> Plan:
     """Resolve SRC (calibrating first when asked) and plan from its headers; the report says why SRC was refused."""
     try:
         doc = _scales(opts.src, opts.algo, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, ok.device,
-                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run)
+                      ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, opts.scale_search)
         # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
         # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
         headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
@@ -208,6 +208,8 @@ def recorded_options(opts: ConvertOptions, ok: Checked, plan: Plan) -> dict:
                    algo_for=list(opts.algo_for), kernels=ok.kernels)
     if plan.act_scales is not None:  # the scales decide bytes: part of the resume fingerprint
         options["calibration"] = plan.act_scales.digest()
+    if plan.search_weights is not None:  # so do the search's weights (search: issue 28)
+        options["calibration"] = f"{options.get('calibration') or ''}+search:{plan.search_weights.digest()}"
     if ok.ray_device:
         options["device"] = f"{ok.ray_device} (ray tasks)"
     if ok.format != "modelopt":  # recorded (report, resume fingerprint) only when not the default: old journals stay valid
@@ -239,11 +241,11 @@ def validate(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> 
 
 
 def _scales(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
-            dry_run=False):
+            dry_run=False, scale_search=None):
     """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
     if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
         return None  # the data-free path: nothing of calibration (nor transformers) is imported
     from ..calibration.entry import scales_for_convert
 
     return scales_for_convert(src, algo, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn, dry_run)
+                              low_disk, recipe, con.info, con.warn, dry_run, scale_search)
