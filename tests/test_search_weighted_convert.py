@@ -129,3 +129,58 @@ def test_without_search_the_data_is_still_ignored_for_w4a16(calibrated, tmp_path
     res = api.convert(src, str(tmp_path / "o"), algo="W4A16_NVFP4", device="cpu", quiet=True, act_scales=scales)
     assert res.plan.search_weights is None and "calibration" not in res.report["options"]
     assert json.load(open(os.path.join(res.dst, "hf_quant_config.json")))["converter"].get("scale_search") is None
+
+
+def synthetic_scales(src: str, path: str, seed: int = 0, no_tokens: tuple[str, ...] = ()) -> str:
+    """A version-2 SCALES.json for `src` without a forward: every 2-D Linear weight gets amax 10 and
+    random E[x_j^2] over a wide range with a massive channel; `no_tokens` modules saw no token."""
+    from quantize_cli.calibration.document import ScalesDoc, fingerprint
+    from quantize_cli.checkpoint.source import open_source
+
+    source = open_source(src)
+    g = torch.Generator().manual_seed(seed)
+    modules, channels = {}, {}
+    for name, info in sorted(source.tensors.items()):
+        if name.endswith(".weight") and len(info.shape) == 2 and "norm" not in name and "embed" not in name:
+            m = name[: -len(".weight")]
+            modules[m] = {"amax": 0.0 if m in no_tokens else 10.0, "tokens": 0 if m in no_tokens else 100}
+            if m not in no_tokens:
+                channels[m] = torch.exp2(torch.randn(info.shape[1], generator=g) * 4)
+                channels[m][int(torch.randint(0, info.shape[1], (1,), generator=g))] = 1e6
+    ScalesDoc({"label": source.label, **fingerprint(source.config, source.tensors)}, {"spec": "synthetic"}, {}, modules, {},
+              channels=channels).save(path)
+    return path
+
+
+def test_experts_without_tokens_take_their_layers_token_weighted_mean(tmp_path):
+    from quantize_cli.calibration.search_weights import resolve
+    from quantize_cli.calibration.document import ScalesDoc
+
+    layer = "model.layers.0.mlp.experts"
+    e = {i: torch.full((4,), float(i + 1)) for i in range(3)}
+    doc = ScalesDoc({}, {}, {}, {f"{layer}.{i}.down_proj": {"amax": 1.0, "tokens": t} for i, t in enumerate((10, 30, 0))}, {},
+                    channels={f"{layer}.0.down_proj": e[0], f"{layer}.1.down_proj": e[1]})
+    res, problems = resolve(doc, {f"{layer}.{i}.down_proj": 4 for i in range(3)}, {})
+    assert not problems and res.no_tokens == [f"{layer}.2.down_proj"]
+    assert torch.allclose(res.of(f"{layer}.2.down_proj"), torch.full((4,), (1 * 10 + 2 * 30) / 40))
+    res, problems = resolve(doc, {f"{layer}.0.down_proj": 5}, {})  # a vector of the wrong length
+    assert problems == [f"{layer}.0.down_proj: the calibration run records 4 input channels but the weight has 5 in-features; "
+                        "calibrate this source again"]
+
+
+def test_moe_experts_weighted_per_expert(tmp_path):
+    """Per-expert weights reach each expert's search; an expert without tokens is warned about."""
+    from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors, write_checkpoint
+
+    q = qwen3_moe_config()
+    src = write_checkpoint(str(tmp_path / "moe"), qwen3_moe_tensors(q, seed=3), q, shards=2)
+    quiet = "model.layers.0.mlp.experts.1.down_proj"
+    scales = synthetic_scales(src, str(tmp_path / "s.json"), no_tokens=(quiet,))
+    res = api.convert(src, str(tmp_path / "o"), algo="W4A16_NVFP4", device="cpu", quiet=True, scale_search="mse", act_scales=scales)
+    assert res.plan.search_weights.no_tokens == [quiet]
+    assert any("received no calibration token" in w for w in res.report["warnings"])
+    out, source, doc = load_all(res.dst), load_all(src), load(scales)
+    searched = with_scale_search(SCHEMES["W4A16_NVFP4"], "mse")
+    m = "model.layers.0.mlp.experts.2.down_proj"
+    ref = searched.quantize(source[f"{m}.weight"], None, doc.channel_energy(m))
+    assert _bytes(out[f"{m}.weight_scale"]) == _bytes(ref["weight_scale"])
