@@ -49,7 +49,7 @@ def save(json_path: str, channels: dict[str, torch.Tensor]) -> tuple[dict, dict[
 
     Returns (the JSON's ``channels`` block, module -> its tensor name in the file)."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save as to_bytes
 
     keys, unique, seen = {}, {}, {}
     for name in sorted(channels):
@@ -60,7 +60,8 @@ def save(json_path: str, channels: dict[str, torch.Tensor]) -> tuple[dict, dict[
     path = os.path.join(os.path.dirname(json_path), sidecar_name(json_path))
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        save_file(unique, tmp, metadata={"format": "quantize-act-channels", "statistic": STATISTIC})
+        with open(tmp, "wb") as f:  # open(): the user's umask, as for the JSON (save_file makes it 0600)
+            f.write(to_bytes(unique, metadata={"format": "quantize-act-channels", "statistic": STATISTIC}))
         os.replace(tmp, path)
     except OSError as exc:
         raise CalibrationError(f"-o {json_path}: cannot write {path} ({exc.strerror or exc}); check the folder and permissions") from None
