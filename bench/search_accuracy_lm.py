@@ -143,27 +143,32 @@ def main() -> None:
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--docs", type=int, default=6, help="windows per long text")
     p.add_argument("--text", help="another held-out text file (windows of it are added)")
+    p.add_argument("--eval-only", action="store_true", help="reuse --work's scales and conversions (a finished earlier run)")
     p.add_argument("--json")
     a = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize_cli import api
+    from quantize_cli.calibration import load
 
-    shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
-    scales = {"v2": os.path.join(a.work, "scales.json")}
-    t0 = time.perf_counter()
-    doc = api.calibrate(a.model, calib_data=a.calib_data, output=scales["v2"], device="cpu", quiet=True)
-    timings = {"calibrate": time.perf_counter() - t0}
-    scales["v1"] = v1_copy(scales["v2"])
-    outs = {}
-    for label, method, version in METHODS:
-        outs[label] = os.path.join(a.work, label.replace(" ", "-"))
-        t0 = time.perf_counter()
-        api.convert(a.model, outs[label], algo="NVFP4", device="cpu", quiet=True, scale_search=method, act_scales=scales[version])
-        timings[f"convert NVFP4 {label}"] = time.perf_counter() - t0
+    scales = {"v2": os.path.join(a.work, "scales.json"), "v1": os.path.join(a.work, "scales-v1.json")}
+    outs = {label: os.path.join(a.work, label.replace(" ", "-")) for label, _, _ in METHODS}
     w4 = os.path.join(a.work, "w4a16-rtn")
-    api.convert(a.model, w4, algo="W4A16_NVFP4", device="cpu", quiet=True)
+    timings = {}
+    if a.eval_only:
+        doc = load(scales["v2"])
+    else:
+        shutil.rmtree(a.work, ignore_errors=True)
+        os.makedirs(a.work)
+        t0 = time.perf_counter()
+        doc = api.calibrate(a.model, calib_data=a.calib_data, output=scales["v2"], device="cpu", quiet=True)
+        timings["calibrate"] = time.perf_counter() - t0
+        v1_copy(scales["v2"])
+        for label, method, version in METHODS:
+            t0 = time.perf_counter()
+            api.convert(a.model, outs[label], algo="NVFP4", device="cpu", quiet=True, scale_search=method, act_scales=scales[version])
+            timings[f"convert NVFP4 {label}"] = time.perf_counter() - t0
+        api.convert(a.model, w4, algo="W4A16_NVFP4", device="cpu", quiet=True)
     same = all(torch.equal(x[0], y[0]) for x, y in zip(written(w4).values(), written(outs["rtn"]).values()))
     assert same and written(w4).keys() == written(outs["rtn"]).keys(), "W4A16_NVFP4 weights differ from NVFP4's"
     tok = AutoTokenizer.from_pretrained(a.model)
@@ -175,6 +180,7 @@ def main() -> None:
             undo = serve(model, written(outs[label]), acts)
             per[f"{algo} {label}"] = losses(model, windows)
             undo()
+            print(f"{algo} {label}: perplexity {math.exp(torch.cat(per[f'{algo} {label}']).mean().item()):.3f}", flush=True)
     rows = {k: {"loss": torch.cat(v).mean().item(), "ppl": math.exp(torch.cat(v).mean().item())} for k, v in per.items()}
     diffs = {f"{algo} {label} - rtn": paired(per[f"{algo} {label}"], per[f"{algo} rtn"])
              for algo in ("W4A16_NVFP4", "NVFP4") for label in ("mse data-free", "mse weighted")}
