@@ -27,9 +27,9 @@ kernels choose the same candidate as this reference, bit for bit:
     err = sum over the group of int64(t)       truncated to integers: an exact, order-free sum
 
 SHIFT is 28 for rows and blocks (rows up to ~300k elements cannot overflow int64, weighted or
-not: normalized weights are at most 1) and 40 for 16-groups. The candidate with the smallest ``err`` wins; candidates are scanned in
-the order above and a later one must be strictly smaller, so ties go to RTN, then to the larger
-scale. The truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per
+not: normalized weights are at most 1) and 40 for 16-groups. The candidate with the smallest
+``err`` wins; candidates are scanned in the order above and a later one must be strictly smaller,
+so ties go to RTN, then to the larger scale. The truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per
 element: the searched group's fp64 error is never above RTN's by more than
 ``L * 2^-SHIFT * 4^(e0+1)`` (``L`` elements), which the property test checks.
 
