@@ -99,7 +99,8 @@ def main():
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
-              help="mse: per group, the candidate scale with the least squared error (docs/accuracy.md); none: ModelOpt's bytes.")
+              help="mse: per group, the candidate scale with the least squared error, weighted by the activations with "
+                   "--calib-data / --act-scales (docs/accuracy.md); none: ModelOpt's bytes.")
 @calib_options
 @click.option("--act-scales", metavar="SCALES.json", help="Reuse activation scales made by `quantize calibrate` from this SRC.")
 @click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
@@ -276,7 +277,7 @@ if __name__ == "__main__":  # pragma: no cover
 @main.command(context_settings=CONTEXT)
 @click.argument("src")
 @click.option("--calib-data", default="default", show_default=True, metavar="DATA", help="default, FILE.jsonl, FILE.txt or a cached dataset id.")
-@click.option("-o", "--output", metavar="SCALES.json", required=True, help="Where to write the measured amax (docs/calibration.md).")
+@click.option("-o", "--output", metavar="SCALES.json", required=True, help="Where to write the measured amax and E[x^2] (docs/calibration.md).")
 @click.option("--calib-samples", type=int, metavar="N", help="Calibration samples (default 128).")
 @click.option("--calib-seq-len", type=int, metavar="L", help="Tokens per sample (default 512).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")

@@ -105,6 +105,22 @@ def test_ray_compressed_tensors_int4_same_bytes(cluster, sources, tmp_path, fami
     assert files(tmp_path / "ray") == files(tmp_path / "local")
 
 
+@pytest.mark.parametrize("family,algo", [("dense", "NVFP4"), ("moe", "W4A16_NVFP4")])
+def test_ray_weighted_search_writes_the_same_bytes_as_local(cluster, sources, tmp_path, family, algo):
+    """--scale-search mse with per-channel statistics: the workers get each module's weights from the plan."""
+    from .test_search_weighted_convert import synthetic_scales
+
+    src = sources[family]
+    scales = synthetic_scales(src, str(tmp_path / "s.json"))
+    opts = dict(algo=algo, quiet=True, max_shard_size=SHARD, memory_budget="8MB", scale_search="mse", act_scales=scales)
+    local = convert(src, str(tmp_path / "local"), **opts)
+    convert(src, str(tmp_path / "ray"), executor="ray", **opts)
+    assert local.plan.search_weights is not None
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    convert(src, str(tmp_path / "free"), **{**opts, "act_scales": None})
+    assert files(tmp_path / "free") != files(tmp_path / "local")
+
+
 def test_partition_writes_every_output_once_and_splits_groups(sources):
     """Each output tensor belongs to exactly one unit; fused groups cut by a shard boundary get
     their amax from the driver (the dense case above exercises it)."""

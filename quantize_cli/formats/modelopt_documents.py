@@ -35,6 +35,7 @@ def hf_quant_config(scheme: Scheme, exclude_modules: list[str], kv_cache_dtype: 
     doc = {"producer": dict(PRODUCER), "quantization": quant, "converter": {"name": "quantize", "version": __version__}}
     if getattr(scheme, "scale_search", "none") != "none":  # loaders ignore it; verify and people read it
         doc["converter"]["scale_search"] = scheme.scale_search
+        doc["converter"]["scale_search_weights"] = getattr(scheme, "weighting", "none")  # "activations": calibration E[x^2]
     if extra:
         doc["converter"].update(extra)
     return doc

@@ -163,7 +163,8 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> 
     """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers."""
     algos = [opts.algo] + [rule.scheme.algo for rule in parse_algo_for(opts.algo_for, ok.format)]
     doc = _scales(opts.src, algos, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, device,
-                  ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8")
+                  ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8",
+                  opts.scale_search)
     # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
     # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
     headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
@@ -179,11 +180,11 @@ def print_plan(plan: Plan) -> None:
 
 
 def _scales(src, algos, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
-            dry_run=False, kv_cache=False):
+            dry_run=False, kv_cache=False, scale_search=None):
     """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
     if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
         return None  # the data-free path: nothing of calibration (nor transformers) is imported
     from ..calibration.entry import scales_for_convert
 
     return scales_for_convert(src, algos, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn, dry_run, kv_cache)
+                              low_disk, recipe, con.info, con.warn, dry_run, kv_cache, scale_search)
