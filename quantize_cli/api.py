@@ -28,7 +28,7 @@ from .errors import DestinationError, QuantizeError
 from .plan.options import Checked, ConvertOptions
 from .plan.output_paths import check_json_output
 from .plan.build import Plan
-from .plan.steps import _kv, _size, check, check_options, dry_run, make_plan, prepare, raise_problems, recorded_options, validate
+from .plan.steps import _kv, _size, check, check_options, dry_run, make_plan, prepare, raise_problems, recorded_options, validate, with_device
 from .output.report import human_bytes, run_report, write_json
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ def convert(
     format: str = "modelopt",
     algo_for=(),
     kernels: str = "auto",
+    strict: bool = False,
 ) -> ConvertResult:
     """Convert checkpoint `src` into a ModelOpt checkpoint at `dst` (see ``docs/cli.md``).
 
@@ -118,14 +119,16 @@ def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
     """``convert`` as the architecture reads: options -> plan -> validate -> execute -> write."""
     t0 = time.perf_counter()
     con = console or Console(opts.quiet)
-    ok = check_options(opts)  # usage errors, in the first second, before anything is read
-    _warm_device(ok.device)
+    ok = check_options(opts)  # usage errors, in the first second, before anything is read (torch-free)
     plan = make_plan(opts, ok, con)
     timings = {"plan_s": time.perf_counter() - t0}
+    if not opts.dry_run:  # every refusal that needs no tensor data, before torch is imported (issue 26)
+        validate(opts, plan, recorded_options(opts, ok, plan), timings, getattr(con, "warned", ()))
+    ok = with_device(opts, ok)
+    _warm_device(ok.device)
     options = recorded_options(opts, ok, plan)
     if opts.dry_run:
         return ConvertResult(plan, None, dry_run(opts, plan, options, timings))
-    validate(opts, plan, options, timings)
     if ok.finished:
         return _already_complete(plan, opts.dst, options, plan.source.root or plan.source.label, opts.report, timings, con)
     for w in plan.warnings:
@@ -218,7 +221,10 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
     from .calibration import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
     from .calibration.entry import run_calibration
 
+    from .plan.preflight import check_calibration
+
     con = console or Console(quiet)
+    check_calibration(calib_data, calib_samples, calib_seq_len)  # 0 is refused, not taken for the default
     if output:
         check_json_output(output, "-o", (src if os.path.isdir(src) else None,))
     dev = resolve_device(device)

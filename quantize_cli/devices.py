@@ -7,6 +7,7 @@ to (:func:`without_torch`): ``convert --dry-run`` then imports no torch at all.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from .errors import UsageError
@@ -34,6 +35,18 @@ def resolve_device(device: str) -> torch.device:
     elif dev.type != "cpu":
         raise UsageError(f"--device {device!r}: only cpu and cuda devices are supported")
     return dev
+
+
+_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_name(device: str | None) -> str:
+    """`device` lower-cased if it is ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (torch-free: whether a
+    GPU is there is :func:`resolve_device`'s to say); a UsageError otherwise."""
+    name = (device or "auto").strip().lower()
+    if not _NAME.fullmatch(name):
+        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N")
+    return name
 
 
 def without_torch(device: str | None, auto_is_read: bool) -> str | None:

@@ -23,6 +23,7 @@ import os
 from importlib import resources
 
 from ..errors import CalibrationError, UsageError
+from ..plan.preflight import looks_like_a_file
 from . import hub_data
 
 DEFAULT = "default"
@@ -50,7 +51,7 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
         if not text.strip():
             raise _err(spec, "the file is empty; give at least one sample")
         out = _jsonl(spec, text, root, seq_len) if spec.endswith(".jsonl") else _cut_text(root, spec, text, seq_len)
-    elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+    elif os.path.exists(spec) or looks_like_a_file(spec):
         raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
     else:
         out, digest = _dataset(spec, root, seq_len, samples)

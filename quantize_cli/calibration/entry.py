@@ -98,6 +98,10 @@ def scales_for_convert(src: str, algo: str, calib_data, calib_samples, calib_seq
         raise UsageError("--low-disk with calibration: the forward needs the whole source on disk; drop --low-disk")
     from ..schemes import get_scheme
 
+    if isinstance(device, str):  # convert checks its options torch-free: the device arrives as a name
+        from ..devices import resolve_device
+
+        device = resolve_device(device)
     if get_scheme(algo).static_input_scale is None:
         (warn or (lambda m: None))(f"{algo} quantizes activations dynamically (or not at all): "
                                    f"{'--calib-data' if calib_data is not None else '--act-scales'} is ignored")

@@ -25,10 +25,15 @@ def _cache_dir() -> str:
     return os.path.join(base, "quantize", "examples")
 
 
-def example_path(name: str) -> str:
-    """The folder of example `name`, generated on first use (atomically, so races are harmless)."""
+def check_name(name: str) -> None:
+    """Refuse an example name that does not exist (nothing generated, nothing imported)."""
     if name not in NAMES:
         raise SourceError(f"example:{name}: no such example; available: {', '.join('example:' + n for n in NAMES)}")
+
+
+def example_path(name: str) -> str:
+    """The folder of example `name`, generated on first use (atomically, so races are harmless)."""
+    check_name(name)
     final = os.path.join(_cache_dir(), f"{name}-v{EXAMPLE_VERSION}")
     if os.path.isdir(final):
         return final

@@ -59,11 +59,19 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
         return example_path(src.split(":", 1)[1]), False
     if os.path.isdir(src):
         return os.path.abspath(src), False
+    refuse_missing(src)
+    return _download(src, revision, quiet), True
+
+
+def refuse_missing(src: str) -> None:
+    """Refuse a SRC that is not a folder (a file, or a path that does not exist) unless it is a
+    Hub repo id; nothing is read (``convert`` calls it before importing torch: plan/preflight.py)."""
+    if os.path.isdir(src):
+        return
     if os.path.exists(src):
         raise SourceError(f"{src}: is a file; SRC must be a checkpoint folder or a Hub repo id (owner/name)")
     if src.startswith((".", "/", "~")) or not is_repo_id(src, owner_required=False):
         raise SourceError(f"{src}: no such folder, and not a Hub repo id (owner/name); check the path")
-    return _download(src, revision, quiet), True
 
 
 def _download(repo_id: str, revision: str | None, quiet: bool) -> str:

@@ -46,6 +46,7 @@ class ConvertOptions:
     format: str = "modelopt"
     algo_for: tuple[str, ...] = ()
     kernels: str = "auto"
+    strict: bool = False  # warnings known before the first byte are errors (plan/preflight.py)
 
     def __post_init__(self):
         # Lists from library callers become tuples: the value stays immutable (and hashable).

@@ -14,11 +14,12 @@ checks it).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ..output.destination import Destination
 from ..checkpoint.source import open_source
 from ..console import Console
-from ..devices import resolve_device, without_torch
+from ..devices import check_name, resolve_device, without_torch
 from ..errors import PlanError, QuantizeError, UsageError
 from .mixed import parse_algo_for
 from .options import Checked, ConvertOptions
@@ -132,19 +133,24 @@ def raise_problems(plan: Plan) -> None:
 
 
 def check_options(opts: ConvertOptions) -> Checked:
-    """Every usage error of `opts`, before any download or read (the order decides which is said first)."""
+    """Every usage error of `opts`, before any download or read (the order decides which is said first).
+
+    Torch-free (issue 26: a refusal in a fraction of a second): the device stays a name here;
+    :func:`with_device` resolves it once the plan is validated."""
     from ..formats import check_format, layout_problem
     from ..run.kernel_choice import check_kernels
     from ..output.publish import check_push_options
+    from .preflight import check_calibration, check_source_path
 
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
     parse_algo_for(opts.algo_for)
     _kv(opts.kv_cache_dtype)
     budget = _size(opts.memory_budget, "--memory-budget")
+    _size(opts.max_shard_size, "--max-shard-size")
     if opts.layout not in ("plain", "marlin", "cutlass", "flashinfer"):
         raise UsageError(f"--layout {opts.layout!r}: choose plain, marlin, cutlass or flashinfer")
-    device, ray_device = opts.device, None
+    device, ray_device = check_name(opts.device), None
     if opts.executor != "local":  # Ray tasks ask for their own GPU: the driver itself needs none
         from ..run import ray_executor  # Ray itself is imported only there
 
@@ -152,17 +158,15 @@ def check_options(opts: ConvertOptions) -> Checked:
     format = check_format(opts.format)
     if layout_problem(format, opts.layout):
         raise UsageError(layout_problem(format, opts.layout))
-    # A dry run reads no tensor: there the device stays a name (no torch) unless calibration runs on
-    # it, or something reads what "auto" resolves to (--report records it, --kernels triton checks it)
-    calibrating = any(v is not None for v in (opts.calib_data, opts.act_scales, opts.calib_samples, opts.calib_seq_len))
-    auto_is_read = bool(opts.report) or (opts.kernels or "auto").lower() == "triton"
-    kept = without_torch(device, auto_is_read) if opts.dry_run and not calibrating else None
-    dev = kept or resolve_device(device)
-    kernels = check_kernels(opts.kernels, ray_device or dev, format != "modelopt")
+    check_calibration(opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales)
+    kernels = check_kernels(opts.kernels, ray_device or device, format != "modelopt")  # "auto": checked again resolved
     local_src = src.startswith("example:") or os.path.exists(src)
     if opts.low_disk and local_src:
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     _local_options(src, opts.revision, opts.exclude)
+    check_source_path(src)
+    if not local_src and without_torch(device, auto_is_read=False) is None:
+        resolve_device(device)  # a Hub SRC is downloaded next: a GPU that is not there is said first
     finished = not opts.dry_run and opts.resume and not opts.overwrite and _finished(dst)  # a retry after success
     if not opts.dry_run:
         if not dst:
@@ -173,7 +177,23 @@ def check_options(opts: ConvertOptions) -> Checked:
     if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
         check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
     check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
-    return Checked(budget, dev, ray_device, format, kernels, bool(finished), not local_src)
+    return Checked(budget, device, ray_device, format, kernels, bool(finished), not local_src)
+
+
+def with_device(opts: ConvertOptions, ok: Checked) -> Checked:
+    """`ok` with its device resolved through torch (after every refusal that needs no tensor data).
+
+    A dry run reads no tensor: there the device stays a name (no torch) unless calibration ran on
+    it, or something reads what "auto" resolves to (--report records it, --kernels triton checks it)."""
+    from ..run.kernel_choice import check_kernels
+
+    if not isinstance(ok.device, str):
+        return ok
+    calibrating = any(v is not None for v in (opts.calib_data, opts.act_scales, opts.calib_samples, opts.calib_seq_len))
+    auto_is_read = bool(opts.report) or (opts.kernels or "auto").lower() == "triton"
+    kept = without_torch(ok.device, auto_is_read) if opts.dry_run and not calibrating else None
+    dev = kept or resolve_device(ok.device)
+    return replace(ok, device=dev, kernels=check_kernels(opts.kernels, ok.ray_device or dev, ok.format != "modelopt"))
 
 
 def _finished(dst: str | None) -> bool:
@@ -222,16 +242,25 @@ def dry_run(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> d
     resolve it through torch (no --report, no --kernels triton, no calibration: check_options)."""
     print(plan.to_text(), flush=True)
     raise_problems(plan)
+    if getattr(opts, "strict", False):  # as `check --strict`: the warnings printed above refuse
+        from .preflight import strict_refusal
+
+        strict_refusal(plan.warnings, plan.source.label)
     doc = run_report(plan, options, None, timings, None, status="dry-run")
     if opts.report:
         write_json(opts.report, doc)
     return doc
 
 
-def validate(opts: ConvertOptions, plan: Plan, options: dict, timings: dict) -> None:
-    """Refuse a plan with problems (all at once, nothing read yet); the report says why."""
+def validate(opts: ConvertOptions, plan: Plan, options: dict, timings: dict, warned=()) -> None:
+    """Refuse a plan with problems (all at once, nothing read yet) and, with ``--strict``, one with
+    warnings (the plan's and `warned`, said while planning); the report says why."""
+    from .preflight import strict_refusal
+
     try:
         raise_problems(plan)
+        if getattr(opts, "strict", False):
+            strict_refusal(list(warned) + plan.warnings, plan.source.label)
     except QuantizeError as exc:
         if opts.report:
             write_json(opts.report, run_report(plan, options, None, timings, None, status="error", error=exc.message))
