@@ -177,6 +177,10 @@ def check_options(opts: ConvertOptions) -> Checked:
     if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
         check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
     check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
+    if opts.push_to_hub and not opts.dry_run:  # the token and write access, before the first byte (network)
+        from ..output.publish import check_push_access
+
+        check_push_access(opts.push_to_hub)
     return Checked(budget, device, ray_device, format, kernels, bool(finished), not local_src)
 
 
