@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from .run import prefetch
 from .output.destination import Destination
-from .checkpoint.durable import copy_durable
 from .formats.modelopt_documents import hf_quant_config, mixed_hf_quant_config, output_config, write_config_files
 from .console import Console
 from .devices import resolve_device, warm_device as _warm_device  # noqa: F401  (resolve_device: the library's)
@@ -133,6 +132,8 @@ def run(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
         return _already_complete(plan, opts.dst, options, plan.source.root or plan.source.label, opts.report, timings, con)
     for w in plan.warnings:
         con.warn(w)
+    for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
+        con.info(note)
     try:
         dest, stats, verified = _write(opts, ok, plan, options, timings, t0, con)
     finally:
@@ -398,11 +399,9 @@ def _write_metadata(plan: Plan, folder: str, kv, options: dict) -> None:
 
 
 def _copy_sidecars(plan: Plan, folder: str) -> None:
-    for name in plan.source.sidecars:
-        try:
-            copy_durable(os.path.join(plan.source.root, name), os.path.join(folder, name))
-        except OSError as exc:
-            raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc
+    from .checkpoint.sidecars import copy_sidecars  # sub-folders too (sentence-transformers' 1_Pooling/): the rule is there
+
+    copy_sidecars(plan.source.root, plan.source.sidecars, folder)
 
 
 def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None = None, json: str | None = None,

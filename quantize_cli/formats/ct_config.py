@@ -71,8 +71,22 @@ def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | No
     }
 
 
+# Presets whose weights compressed-tensors decompresses to bfloat16 whatever the model's dtype (its
+# unpack_fp4_from_uint8 and e8m0 scales are bf16): transformers' forward then needs a bf16 model.
+BF16_DECOMPRESSED = ("NVFP4", "NVFP4A16", "MXFP8")
+_DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4 writes the first, 5 the second; both read either
+
+
 def output_config(source_config: dict, qconfig: dict) -> dict:
-    """The source config.json with `qconfig` as ``quantization_config``."""
+    """The source config.json with `qconfig` as ``quantization_config``.
+
+    With an NVFP4 / NVFP4A16 / MXFP8 group the model dtype becomes ``bfloat16`` (an fp32 or fp16
+    source's config would make transformers' default load compute in that dtype against bf16
+    weights: "self and mat2 must have the same dtype"; vLLM serves these in bf16 too)."""
     cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
+    if any(name in BF16_DECOMPRESSED for name in qconfig.get("config_groups", {})):
+        present = [k for k in _DTYPE_KEYS if k in cfg] or ["torch_dtype"]
+        for key in present:
+            cfg[key] = "bfloat16"
     cfg["quantization_config"] = qconfig
     return cfg

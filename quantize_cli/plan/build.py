@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from ..checkpoint.safetensors_header import TensorInfo, nbytes_of
 from ..checkpoint.source import Source
 from .classify import LINEAR, Module, classify, fused_groups, natural_key
-from ..formats.ct_exclusions import exclusion_list
+from ..formats.ct_exclusions import exclusion_list, is_ct
+from .audience import modelopt_audience_finding
 from .experts import expand
 from .matching import match_reason, vllm_rewrite
 from .recipe import Recipe
@@ -332,6 +333,8 @@ def build_plan(
         scheme = next(iter(schemes.values()), scheme)
         schemes, rules_used = {}, {}
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes)
+    audience = modelopt_audience_finding(source.config, source.sidecars, not is_ct(scheme))  # an encoder in ModelOpt
+    findings += [audience] if audience else []
     if schemes:
         layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)

@@ -24,7 +24,8 @@ module decides their level. Tensor-parallel splits are facts of parallel.py. The
 
 Rooms with rules of their own, collected into the same findings: mixed.py (``--algo-for``:
 algo-split, mixed-unserved, mixed-moe-unserved, pattern-shadowed), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
-experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, pattern-substring).
+experts-no-tokens), audience.py (transformers-modelopt: an encoder written as ModelOpt) and check.py (pattern
+analysis: pattern-partial-group, pattern-substring).
 """
 
 from __future__ import annotations
