@@ -200,11 +200,25 @@ def deepseek_tensors(cfg: dict, seed: int = 0, dtype=torch.bfloat16) -> dict[str
     return out
 
 
+def _with_tokenizer(write):
+    """An example generator that also ships the examples' tokenizer (example_tokenizer.py): the
+    advice `calibrate with --calib-data default` works on the examples too."""
+    from .example_tokenizer import copy_into
+
+    def make(root: str) -> str:
+        write(root)
+        copy_into(root)
+        return root
+
+    return make
+
+
 EXAMPLES = {
-    "tiny-llama": lambda root: write_checkpoint(root, llama_tensors(llama_config()), llama_config(), shards=2),
-    "tiny-qwen3-moe": lambda root: write_checkpoint(root, qwen3_moe_tensors(qwen3_moe_config()), qwen3_moe_config(), shards=2),
-    "tiny-qwen3-moe-fused": lambda root: write_checkpoint(
-        root, qwen3_moe_tensors(qwen3_moe_config(), fused_experts=True), qwen3_moe_config(), shards=2
-    ),
-    "tiny-deepseek": lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3),
+    "tiny-llama": _with_tokenizer(lambda root: write_checkpoint(root, llama_tensors(llama_config()), llama_config(), shards=2)),
+    "tiny-qwen3-moe": _with_tokenizer(
+        lambda root: write_checkpoint(root, qwen3_moe_tensors(qwen3_moe_config()), qwen3_moe_config(), shards=2)),
+    "tiny-qwen3-moe-fused": _with_tokenizer(lambda root: write_checkpoint(
+        root, qwen3_moe_tensors(qwen3_moe_config(), fused_experts=True), qwen3_moe_config(), shards=2)),
+    "tiny-deepseek": _with_tokenizer(
+        lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3)),
 }
