@@ -208,10 +208,10 @@ def _finish(opts: ConvertOptions, plan: Plan, options: dict, dest: Destination, 
         from .output.publish import push_after_convert
 
         pushed = push_after_convert(dest.dst, opts.push_to_hub, opts.private, opts.revision_out, opts.quiet, doc, opts.report)
-    rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
+    rate = human_bytes(plan.bytes_in / timings["total_s"]) + "/s" if timings["total_s"] else "-"  # a tiny run: MB/s, not 0.00 GB/s
     con.info(f"wrote {dest.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
-             f"{timings['total_s']:.1f} s ({rate:.2f} GB/s of input)" + (f"; pushed to {pushed['url']}" if pushed else ""))
+             f"{timings['total_s']:.1f} s ({rate} of input)" + (f"; pushed to {pushed['url']}" if pushed else ""))
     return ConvertResult(plan, dest.dst, doc)
 
 
