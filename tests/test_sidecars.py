@@ -112,12 +112,20 @@ def test_the_compressed_tensors_output_embeds_like_the_source(st_folder, tmp_pat
     mask = (ids != 0).long()
 
     def embed(folder):
-        with torch.no_grad():
-            h = AutoModel.from_pretrained(folder)(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        with torch.no_grad():  # .forward, not __call__: as sentence-transformers calls it (no forward hooks run)
+            h = AutoModel.from_pretrained(folder).forward(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         return (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
 
     cos = torch.nn.functional.cosine_similarity(embed(dst), embed(st_folder))
     assert bool((cos > 0.95).all()), cos  # measured ~0.99 on this random model (the real MiniLM: docs/accuracy.md)
+    # decompressed at load (compressed-tensors' decompress-on-first-call hook never runs under .forward)
+    assert json.load(open(os.path.join(dst, "config.json")))["quantization_config"]["run_compressed"] is False
+
+
+def test_only_a_sentence_transformers_source_gets_run_compressed(tiny_llama, tmp_path):
+    """Decoders keep llm-compressor's quantization_config exactly (tests/test_ct_golden.py)."""
+    convert(tiny_llama, str(tmp_path / "o"), algo="FP8_PB_WO", format="compressed-tensors", quiet=True)
+    assert "run_compressed" not in json.load(open(tmp_path / "o" / "config.json"))["quantization_config"]
 
 
 def test_check_says_an_encoder_needs_compressed_tensors_for_transformers(st_folder, tmp_path):

@@ -93,7 +93,7 @@ def metadata_documents(plan, kv_cache_dtype: str | None) -> dict[str, dict] | No
 
     groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # --algo-for: one group per algorithm
     qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), kv_cache_dtype, groups)
-    return {"config.json": output_config(plan.source.config, qconfig)}
+    return {"config.json": output_config(plan.source.config, qconfig, "modules.json" in plan.source.sidecars)}  # ST: decompress at load
 
 
 def write_metadata(plan, folder: str, kv_cache_dtype: str | None) -> bool:
