@@ -15,14 +15,11 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-import torch
-
 from .formats.modelopt_documents import flat_quantization_config
-from .checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
+from .checkpoint.safetensors_header import TensorInfo, read_header
 from .checkpoint.source import regular_file_inside
 from .plan.classify import LINEAR, classify, fused_groups, natural_key
 from .errors import QuantizeError, display
-from .run.finite import all_finite
 from .formats.modelopt_exclusions import verify_exclusions
 from .jsonfile import MISSING, JsonFileError, load_json, read_json_or_none
 from .plan.mixed import LINEAR_SERVED, MIXED
@@ -258,6 +255,9 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, ne
 
 
 def _check_shared_scales(mods, recipe, scheme_of, tensors, res: VerifyResult) -> None:
+    import torch
+
+    from .checkpoint.safetensors_io import read_tensor
     for group, members in fused_groups(mods, recipe).items():
         if not all(m.quantize for m in members) or any(m.name in res.unreadable for m in members):
             continue
@@ -278,6 +278,10 @@ def _check_shared_scales(mods, recipe, scheme_of, tensors, res: VerifyResult) ->
 
 
 def _check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
+    import torch
+
+    from .checkpoint.safetensors_io import read_tensor
+    from .run.finite import all_finite
     for name, info in tensors.items():
         if info.dtype not in ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2") or not info.shape and info.nbytes == 0:
             continue
@@ -367,6 +371,7 @@ def _verify_other_format(path: str, source: str | None, res: VerifyResult) -> bo
 
 
 def _compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
+    from .checkpoint.safetensors_io import read_tensor
     from .checkpoint.source import open_source
     from .plan.experts import expand, read_virtual
     from .schemes.numerics import error_fields, square_sums

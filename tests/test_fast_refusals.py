@@ -1,4 +1,4 @@
-"""Every ``convert`` refusal that needs no tensor data comes before torch is imported (issue 26).
+"""Every refusal that needs no tensor data comes before torch is imported (issue 26).
 
 They used to wait for ``devices.resolve_device`` (which imports torch: 1.5-3 s, 3.2-4.6 s
 measured as whole commands); now each is said in a fraction of a second (docs/performance.md,
@@ -52,6 +52,13 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
         ("bad --device", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cdua"], 2, "is not a device"),
         ("--kernels triton on the CPU", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cpu", "--kernels", "triton"], 2,
          "need a CUDA GPU"),
+        # the other commands' refusals of a missing input
+        ("verify a missing DST", ["verify", str(tmp / "missing")], 1, "verify failed"),
+        ("unpack a missing DST", ["unpack", str(tmp / "missing"), "-o", out], 1, "no such folder"),
+        ("calibrate a missing SRC", ["calibrate", str(tmp / "missing"), "-o", str(tmp / "s.json")], 1, "no such folder"),
+        ("calibrate --calib-samples 0", ["calibrate", src, "-o", str(tmp / "s.json"), "--calib-samples", "0"], 2, "must be at least 1"),
+        ("push a missing DST", ["push", str(tmp / "missing"), "me/model"], 1, "not a folder"),
+        ("inspect a missing PATH", ["inspect", str(tmp / "missing")], 1, "not a folder"),
     ]
 
 
