@@ -100,8 +100,10 @@ def test_verify_checks_each_layer_against_its_own_algorithm(tiny_llama, tmp_path
     del layers["model.layers.1.mlp.down_proj"]  # quantized tensors, unlisted
     layers["model.layers.0.extra_proj"] = {"quant_algo": "NVFP4", "group_size": 16}  # listed, absent
     _json.dump(doc, open(path, "w"))
-    codes = {f.code for f in verify_checkpoint(str(tmp_path / "mix")).errors}
-    assert {"tensors", "mixed-unlisted", "mixed-listed"} <= codes
+    errors = verify_checkpoint(str(tmp_path / "mix")).errors
+    assert {"contradiction", "mixed-unlisted", "mixed-listed"} <= {f.code for f in errors}
+    (wrong,) = [f for f in errors if f.code == "contradiction"]  # its tensors are FP8_PB_WO's, as written
+    assert wrong.subject.startswith("model.layers.0.self_attn.o_proj.") and "FP8_PB_WO's layout" in wrong.message
 
 
 def test_split_fused_group_and_moe_layer_are_refused_naming_the_pattern(make_checkpoint, tiny_llama, tmp_path):

@@ -153,3 +153,14 @@ def test_a_sub_folder_linking_out_of_the_source_is_refused(st_folder, tmp_path):
     with pytest.raises(SourceError, match="outside the checkpoint"):
         convert(src, str(tmp_path / "o"), algo="FP8", quiet=True)
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_modules_json_linking_out_of_the_source_is_never_read(st_folder, tmp_path):
+    import shutil
+
+    src = str(tmp_path / "src")
+    shutil.copytree(st_folder, src, ignore=shutil.ignore_patterns("onnx", "openvino", "original", "modules.json"))
+    (tmp_path / "elsewhere.json").write_text('[{"path": "x"}]')
+    os.symlink(str(tmp_path / "elsewhere.json"), os.path.join(src, "modules.json"))
+    with pytest.raises(SourceError, match="outside the checkpoint"):
+        list_sidecars(src, _inside)

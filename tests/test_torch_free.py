@@ -205,7 +205,7 @@ def test_inspect_imports_no_torch(checkpoints, name):
     """`quantize inspect` summarizes from headers and config only."""
     code, heavy, out, err = run_fresh("inspect", checkpoints[name])
     assert (code, heavy) == (0, []), err
-    assert out.startswith(f"{checkpoints[name]}: 2 shard(s)") and "BF16" in out and "not quantized" in out, out
+    assert out.startswith(f"{checkpoints[name]}: 2 shards") and "BF16" in out and "not quantized" in out, out
 
 
 def test_example_names_agree_with_their_generators():

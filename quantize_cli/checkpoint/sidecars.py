@@ -45,10 +45,17 @@ EXPORT_FOLDERS = frozenset({"onnx", "openvino", "coreml", "tflite", "tf", "flax"
                             "ctranslate2", "rknn", "litert"})
 
 
-def st_modules(root: str) -> set[str]:
-    """The folders sentence-transformers' ``modules.json`` lists as modules (``{"2_Dense", ...}``)."""
+def st_modules(root: str, inside) -> set[str]:
+    """The folders sentence-transformers' ``modules.json`` lists as modules (``{"2_Dense", ...}``).
+
+    Read only when it is a regular file inside SRC (`inside` refuses a link out of it); a malformed
+    one lists nothing (it is copied unchanged, as any sidecar)."""
+    path = os.path.join(root, "modules.json")
+    if not os.path.isfile(path):
+        return set()
+    inside(root, "modules.json", root)
     try:
-        with open(os.path.join(root, "modules.json"), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return set()
@@ -91,7 +98,7 @@ def list_sidecars(root: str, inside) -> tuple[list[str], list[str], list[str]]:
     `inside(root, rel, referrer)`: the source's check that `rel` stays inside SRC (raises otherwise).
     Files are relative, '/'-separated paths (``"1_Pooling/config.json"``)."""
     out, warnings, notes = [], [], []
-    modules = st_modules(root)
+    modules = st_modules(root, inside)
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
         if os.path.isdir(path) and not name.startswith("."):
