@@ -34,6 +34,7 @@ from .output.workfolder import WorkFolder, finished_dst
 from .plan.build import Plan
 from .plan.options import Checked, ConvertOptions
 from .plan.output_paths import check_json_output
+from .plan.preflight import check_source_path
 from .plan.steps import check_options, make_plan, print_plan, raise_problems
 from .run import prefetch
 from .run.context import RunContext, warm_device
@@ -70,10 +71,14 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     try:
         ok = check_options(opts)  # usage errors, in the first second, before anything is read
         how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
+        check_source_path(opts.src)  # SRC exists (a folder, an example, a Hub id): after every usage error
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
         preflight(opts, finished)
-        how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
-        warm_device(how.device)
+        # torch (the device) only once every refusal that needs no tensor data is said (issue 26), unless
+        # the device is needed before the plan: calibration runs on it, a Hub SRC is downloaded next
+        early = ok.on_hub or any(v is not None for v in (opts.calib_data, opts.act_scales))
+        if early:
+            how = resolve_run(how, opts, ok.format)
         plan = make_plan(opts, ok, con, how.device)
     except QuantizeError as exc:  # "written on failure too": a refused option or SRC as well
         _report_refusal(opts, report, exc)
@@ -81,18 +86,19 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     identity = RunIdentity.of(opts, plan)
     options = {**identity.report_options(), **_run_settings(opts, how)}
     timings = {"plan_s": time.perf_counter() - t0}
-    if opts.dry_run:
-        try:
-            print_plan(plan)
-        except QuantizeError as exc:
-            report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
-            raise
-        return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
     try:
-        raise_problems(plan)
+        if opts.dry_run:
+            print_plan(plan, opts.strict)
+        raise_problems(plan, opts.strict, getattr(con, "warned", ()))
+        if not early:
+            how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
+            options = {**identity.report_options(), **_run_settings(opts, how)}
     except QuantizeError as exc:
         report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
         raise
+    if opts.dry_run:
+        return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
+    warm_device(how.device)
     if finished:
         path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
         verified = _verify(path, opts, ok, con) if opts.verify else None
@@ -100,6 +106,8 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
         return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con))
     for w in plan.warnings:
         con.warn(w)
+    for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
+        con.info(note)
     try:
         work, stats, verified = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
     finally:
@@ -108,8 +116,7 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     if getattr(stats, "ray", None):
         doc["ray"] = stats.ray
     result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con))
-    rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
-    speed = f", {rate:.2f} GB/s of input" if plan.bytes_in >= 1e8 else ""
+    speed = f" ({human_bytes(plan.bytes_in / timings['total_s'])}/s of input)" if timings["total_s"] else ""  # MB/s for a tiny run
     con.info(f"wrote {work.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s{speed}" + (f"; pushed to {doc['publish']['url']}" if "publish" in doc else ""))
@@ -139,6 +146,10 @@ def preflight(opts: ConvertOptions, finished: bool) -> None:
     if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
         check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
     check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
+    if opts.push_to_hub and not opts.dry_run:  # the token and write access, before the first byte (network)
+        from .output.publish import check_push_access
+
+        check_push_access(opts.push_to_hub)
 
 
 def _run_settings(opts: ConvertOptions, how: RunChecked) -> dict:

@@ -152,3 +152,29 @@ def test_cli_exit_codes_and_json(converted, tmp_path):
     assert r.exit_code == 1 and "verify failed" in r.output
     r = CliRunner().invoke(main, ["verify", str(tmp_path / "nope")])
     assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("written,claimed", [("FP8_PB_WO", "FP8"), ("FP8", "FP8_PB_WO"), ("FP8_PER_CHANNEL_PER_TOKEN", "FP8")])
+def test_configs_that_contradict_the_tensors_are_named_not_a_crash(converted, tiny_llama, tmp_path, written, claimed):
+    """Hostile round 3: both config files say FP8 while the tensors carry FP8_PB_WO's block scales.
+    verify crashed (`internal error (RuntimeError: a Tensor with 12 elements cannot be converted to
+    Scalar)`); it names the tensor and the contradiction, with --source too, and the CLI exits 1."""
+    from quantize_cli.formats.modelopt_documents import flat_quantization_config
+    from quantize_cli.schemes import SCHEMES
+
+    folder = converted(written)
+
+    def claim(doc):
+        doc["quantization"]["quant_algo"] = SCHEMES[claimed].quant_algo
+
+    edit_json(folder, "hf_quant_config.json", claim)
+    nested = json.load(open(os.path.join(folder, "hf_quant_config.json")))
+    edit_json(folder, "config.json", lambda doc: doc.update(quantization_config=flat_quantization_config(nested)))
+    res = verify_checkpoint(folder, tiny_llama)
+    found = [f for f in res.errors if f.code == "contradiction"]
+    assert found and codes(res) <= {"contradiction", "exclusions"}, [f.message for f in res.errors]
+    first = found[0].message
+    assert first.startswith("model.layers.0.") and f"is {written}'s layout" in first and f"quant_algo {SCHEMES[claimed].quant_algo!r}" in first
+    assert not res.errors_by_tensor  # nothing read as the configs say
+    r = CliRunner().invoke(main, ["verify", folder, "--source", tiny_llama])
+    assert r.exit_code == 1 and "internal error" not in r.output and "[contradiction]" in r.output

@@ -70,7 +70,7 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     seq_len = min(seq_len, _max_positions(source.config) or seq_len)
-    _, meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len)
+    _, meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len, budget)
     act_bytes = 2 * 2 * _hidden(source.config) * meta["tokens"]
     offload = offload_decision(device, act_bytes, budget, None)
     sk = build(source.root, source.config, source.tensors, rec, torch.bfloat16)

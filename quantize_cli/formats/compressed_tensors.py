@@ -117,7 +117,7 @@ class CompressedTensors(Format):
 
         groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # one group per algorithm
         qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), plan.kv_cache_dtype, groups)
-        doc = output_config(plan.source.config, qconfig)
+        doc = output_config(plan.source.config, qconfig, "modules.json" in plan.source.sidecars)  # sentence-transformers: decompress at load
         return {"config.json": (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()}
 
     def verify(self, path: str, config, res, source) -> None:

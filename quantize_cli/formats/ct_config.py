@@ -74,8 +74,27 @@ def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | No
     }
 
 
-def output_config(source_config: dict, qconfig: dict) -> dict:
-    """The source config.json with `qconfig` as ``quantization_config``."""
+# Presets whose weights compressed-tensors decompresses to bfloat16 whatever the model's dtype (its
+# unpack_fp4_from_uint8 and e8m0 scales are bf16): transformers' forward then needs a bf16 model.
+BF16_DECOMPRESSED = ("NVFP4", "NVFP4A16", "MXFP8")
+_DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4 writes the first, 5 the second; both read either
+
+
+def output_config(source_config: dict, qconfig: dict, sentence_transformers: bool = False) -> dict:
+    """The source config.json with `qconfig` as ``quantization_config``.
+
+    With an NVFP4 / NVFP4A16 / MXFP8 group the model dtype becomes ``bfloat16`` (an fp32 or fp16
+    source's config would make transformers' default load compute in that dtype against bf16
+    weights: "self and mat2 must have the same dtype"; vLLM serves these in bf16 too).
+
+    `sentence_transformers` (the source has a ``modules.json``): ``run_compressed: false`` is added
+    to the block, so transformers decompresses the weights at load. sentence-transformers calls the
+    model's ``forward`` directly, which skips compressed-tensors' decompress-on-first-call hook:
+    ``SentenceTransformer(DST).encode`` failed with every preset. vLLM ignores the key."""
     cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
-    cfg["quantization_config"] = qconfig
+    if any(name in BF16_DECOMPRESSED for name in qconfig.get("config_groups", {})):
+        present = [k for k in _DTYPE_KEYS if k in cfg] or ["torch_dtype"]
+        for key in present:
+            cfg[key] = "bfloat16"
+    cfg["quantization_config"] = {**qconfig, "run_compressed": False} if sentence_transformers else qconfig
     return cfg

@@ -6,7 +6,7 @@ plain ``weight``, so a stock loader fails loudly; the plain scales (``weight_sca
 ``weight_scale_2``, ``input_scale``) are kept unchanged beside them, so :func:`unpack` is exact
 even where the kernel's own scale format is lossy. ``unpack(pack(x)) == x`` byte for byte.
 
-Targets: vLLM 0.33.0 and flashinfer 0.7.2 (spec ``kernel-layouts.md``), tensor-parallel size 1.
+Targets: vLLM 0.33.0 and flashinfer 0.7.2 (docs/layouts.md names the function each layout reproduces), tensor-parallel size 1.
 
 This module is torch-free: what each layout writes (``*_shapes.py``) is all the plan needs; the
 packing modules (``marlin.py``, ``cutlass.py``, ``flashinfer.py``, torch) are imported by

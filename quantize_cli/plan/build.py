@@ -22,6 +22,7 @@ from ..schemes import Scheme
 from ..problems import ERROR, WARNING, Finding
 from .validate import dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding, moe_stack_finding, name_clash_finding, problem_findings, validate
 from . import mixed
+from .audience import modelopt_audience_finding
 from ..modules.experts import expert_names
 from ..layouts import Layout
 from ..layouts.packing import Packing, act_dtype_from_config
@@ -353,6 +354,8 @@ def build_plan(
         scheme = next(iter(schemes.values()), scheme)
         schemes, rules_used = {}, {}
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes, fmt)
+    audience = modelopt_audience_finding(source.config, source.sidecars, not fmt.transformers_loads)  # an encoder transformers cannot load
+    findings += [audience] if audience else []
     if schemes:
         layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)

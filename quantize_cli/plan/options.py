@@ -47,6 +47,7 @@ class ConvertOptions:
     algo_for: tuple[str, ...] = ()
     kernels: str = "auto"
     base_model: str | None = None
+    strict: bool = False  # warnings known before the first byte are errors (plan/preflight.py)
 
     def __post_init__(self):
         # Lists from library callers become tuples: the value stays immutable (and hashable).

@@ -23,8 +23,9 @@ module decides their level. Tensor-parallel splits are facts of parallel.py. The
     warning  source, uncalibrated, int8-vllm, pattern-unmatched, nothing-quantized
 
 Rooms with rules of their own, collected into the same findings: mixed.py (``--algo-for``:
-algo-split, mixed-unserved, mixed-moe-unserved), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
-experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, pattern-substring).
+algo-split, mixed-unserved, mixed-moe-unserved, pattern-shadowed), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
+experts-no-tokens), audience.py (transformers-modelopt: an encoder written as ModelOpt) and check.py (pattern
+analysis: pattern-partial-group, pattern-substring).
 """
 
 from __future__ import annotations
@@ -159,16 +160,18 @@ def name_clash_finding(name: str) -> Finding:
 def layout_request(layout: str, algo: str, act_problem: str | None) -> tuple[Finding | None, bool]:
     """--layout `layout` for `algo`: (its refusal or None, whether dense Linears are packed).
 
-    `act_problem`: why the activation dtype is unknown (config.json), or None. Where the dense
-    kernel reads the plain bytes (rule ``layout-no-bytes-move``, e.g. CUTLASS FP8) but its MoE
-    kernel has a layout of its own, dense Linears are written plain and MoE stacks packed."""
+    `act_problem`: why the activation dtype is unknown (config.json), or None. One rule for every
+    algorithm (docs/layouts.md): where the dense kernel reads the plain bytes (rule
+    ``layout-no-bytes-move``: CUTLASS FP8 / FP8_PER_CHANNEL_PER_TOKEN / FP8_PB_WO / INT8,
+    FlashInfer FP8 / FP8_PB_WO) dense Linears are written plain; MoE stacks are packed where the
+    layout has an MoE kernel (refused per layer where it has none: build._moe_stacks), and a plan
+    where nothing moves at all says so (warning ``layout-plain``; an error under --strict)."""
     from .. import layouts
 
     if act_problem is not None:
         return Finding(ERROR, "layout", layout, f"--layout {layout}: {act_problem}"), False
     dense = layouts.support(layout, algo)
-    moe = layouts.support(layout, algo, moe=True)
-    if dense and (moe or dense.rule != LAYOUT_NO_BYTES_MOVE):
+    if dense and dense.rule != LAYOUT_NO_BYTES_MOVE:
         return Finding(ERROR, "layout", layout, f"--layout {layout} --algo {algo}: {dense.message}"), False
     return None, dense is None
 

@@ -161,7 +161,7 @@ def test_base_install_never_imports_transformers(tmp_path):
     out = subprocess.run([sys.executable, "-c", BASE_ONLY, golden_checkpoint("tiny-llama"), str(tmp_path / "o"), CALIB],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "pip install 'quantize[calib]'" in out.stdout
+    assert "pip install 'quantize-cli[calib]'" in out.stdout
     assert os.path.exists(tmp_path / "o" / "model.safetensors")
 
 
