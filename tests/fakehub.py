@@ -7,7 +7,8 @@ Authorization header it carried, so tests can check the token was sent (and neve
 
 Faults: ``drop_puts`` (file names whose LFS PUT gets its connection dropped without a response),
 ``echo_token_status`` (answer every API call with this HTTP status and a body quoting the token,
-as a hostile proxy might). ``lfs_paths``: which files the server asks to be sent through LFS
+as a hostile proxy might), ``commit_status`` (answer commits with this HTTP status: the Hub failing
+after the access checks passed). ``lfs_paths``: which files the server asks to be sent through LFS
 (``*.safetensors`` by default, as the Hub does); everything else is committed inline.
 
 The server runs on daemon threads, refuses bodies over 64 MB, and shuts itself down after
@@ -35,6 +36,7 @@ class FakeHub:
         self.puts: list[str] = []  # LFS object names PUT successfully, in order
         self.drop_puts: set[str] = set()
         self.echo_token_status: int | None = None
+        self.commit_status: int | None = None
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit oid
         self.validated_yaml: list[str] = []  # card metadata sent to /api/validate-yaml
         self.lfs_paths = tuple(lfs_paths)
@@ -130,6 +132,8 @@ class _Handler(BaseHTTPRequestHandler):
             if action == "preupload":
                 return self._preupload(repo, rev, json.loads(body))
             if action == "commit":
+                if hub.commit_status:
+                    return self._send(hub.commit_status, {"error": "Service Unavailable"})
                 return self._commit(repo, rev, body)
         if path.endswith(".git/info/lfs/objects/batch"):
             return self._batch(json.loads(body))

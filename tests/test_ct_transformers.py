@@ -26,7 +26,23 @@ BF16_ALGOS = ("NVFP4", "W4A16_NVFP4", "MXFP8")
 # Cosine of the output logits to the source's (1-layer Llama, random weights, std 0.02), measured:
 # FP8 family and MXFP8 0.998, INT8 0.9998, W4A16_NVFP4 0.990, NVFP4 0.978 (its activations are
 # quantized with the uncalibrated constant too), mixed 0.994-0.9995. The floors leave room.
-MIN_COSINE = {"NVFP4": 0.96, "W4A16_NVFP4": 0.98}
+# INT4 / INT4_ASYM (4-bit, 128-groups) 0.984-0.985.
+MIN_COSINE = {"NVFP4": 0.96, "W4A16_NVFP4": 0.98, "INT4": 0.97, "INT4_ASYM": 0.97}
+
+
+def _transformers_at_least(version: str) -> bool:
+    have = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    return have >= tuple(int(p) for p in version.split("."))
+
+
+# transformers 5.24 builds an asymmetric pack-quantized Linear's `weight_zero_point` unpacked
+# ([out, groups]) and refuses the packed [out/8, groups] tensor that compressed-tensors writes;
+# transformers 5.17 loads the same bytes (ours equal llm-compressor 0.14's: tests/test_ct_golden.py)
+# and runs them at cosine 0.985. An upstream regression, not ours: strict, so a fixed transformers
+# turns this red and the note in docs/support.md is removed.
+ASYM_UPSTREAM = pytest.mark.xfail(
+    _transformers_at_least("5.24"), strict=True, raises=RuntimeError,
+    reason="transformers >= 5.24 refuses packed weight_zero_point (upstream regression; 5.17 loads)")
 
 
 def _source(root, dtype: str) -> str:
@@ -52,7 +68,8 @@ def _logits(folder: str) -> torch.Tensor:
         return model(input_ids=ids).logits.float()
 
 
-CASES = [(algo, "float32", ()) for algo in CT_SCHEMES] + [
+CASES = [pytest.param(algo, "float32", (), marks=ASYM_UPSTREAM) if algo == "INT4_ASYM" else (algo, "float32", ())
+         for algo in CT_SCHEMES] + [
     (algo, "float16", ()) for algo in BF16_ALGOS] + [
     ("NVFP4", "bfloat16", ()),
     ("FP8_PB_WO", "float32", ("*mlp*=NVFP4",)),  # mixed precision: two config groups, one bf16-decompressed
