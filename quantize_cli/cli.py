@@ -187,6 +187,33 @@ def verify(dst, source, json_path, strict, quiet, debug):
     _run(debug, go)
 
 
+@main.command("eval", context_settings=CONTEXT)
+@click.argument("dst")
+@click.option("--source", metavar="SRC", help="The unquantized checkpoint: compare with it in the same pass (needed for the gates).")
+@click.option("--data", default="default", show_default=True, metavar="DATA",
+              help="default (held-out text shipped with the tool), FILE.txt, FILE.jsonl or a cached dataset id.")
+@click.option("--samples", type=click.IntRange(min=1), metavar="N", help="Eval samples (default 64).")
+@click.option("--seq-len", type=click.IntRange(min=2), metavar="L", help="Tokens per sample (default 512).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON (docs/accuracy.md, docs/ci.md).")
+@click.option("--max-ppl-increase", type=float, metavar="PCT", help="Gate: exit 1 if perplexity rises more than PCT percent over SRC.")
+@click.option("--max-kl", type=float, metavar="X", help="Gate: exit 1 if the mean KL divergence from SRC exceeds X (nats).")
+@click.option("--min-top1", type=float, metavar="F", help="Gate: exit 1 if the top-1 agreement with SRC is below F (0..1).")
+@click.option("--weights-only", is_flag=True, help="Activations and KV cache unquantized (weight-only kernels, e.g. NVFP4 on Hopper).")
+@common
+def eval_command(dst, source, data, samples, seq_len, device, json_path, max_ppl_increase, max_kl, min_top1, weights_only, quiet, debug):
+    """Measure converted checkpoint DST as the serving engine computes it (perplexity, KL, top-1 vs SRC)."""
+
+    def go():
+        from .api import eval as run
+
+        run(dst, source=source, data=data, samples=samples, seq_len=seq_len, device=device, json=json_path,
+            max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, weights_only=weights_only, quiet=quiet)
+
+    _run(debug, go)
+    _fast_exit()
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("dst")
 @click.option("-o", "--output", required=True, metavar="PLAIN", help="Where to write the plain checkpoint.")
