@@ -31,7 +31,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
              seq_len: int = DEFAULT_SEQ_LEN, device: str | torch.device = "auto", weights_only: bool = False,
              max_ppl_increase: float | None = None, max_kl: float | None = None, min_top1: float | None = None,
              calib_data: str | None = None, progress: Callable[[int, int], None] | None = None,
-             batch_tokens: int | None = None) -> EvalResult:
+             batch_tokens: int | None = None, observe: Callable | None = None) -> EvalResult:
     """Measure converted checkpoint `dst` as served (and against `source`, in the same pass).
 
     Args:
@@ -47,6 +47,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
         calib_data: the data the scales were calibrated on, when the checkpoint does not record it
             (compressed-tensors), to warn about overlap with `data`.
         progress: ``progress(layers_done, layers)`` after each layer.
+        observe: ``observe(dst, src)`` with each chunk of logits (forward.run): tests and benches.
     Returns an :class:`EvalResult` (``passed`` is False when a gate failed; nothing is raised for it).
     Raises UsageError (bad options), SourceError / CalibrationError (unreadable checkpoint or data).
     """
@@ -83,7 +84,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     if not causal and any(v is not None for v in limits.values()):
         raise UsageError(f"{dst}: an encoder (no causal LM head) has no perplexity, KL or top-1; its gate is the embedding "
                          "cosine reported; drop --max-ppl-increase / --max-kl / --min-top1")
-    out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS)
+    out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS, observe)
     metrics = out.lm.summary(src is not None) if causal else (out.encoder.summary() if out.encoder else {})
     result = EvalResult(dst, source, "causal-lm" if causal else "encoder", _describe(served), meta, metrics, out.layers,
                         check_gates(metrics, limits) if causal else [])

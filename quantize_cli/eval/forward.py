@@ -82,8 +82,12 @@ class Outcome:
 
 @torch.no_grad()
 def run(dst: Side, src: Side | None, samples: list[list[int]], device: torch.device, causal: bool,
-        progress: Callable[[int, int], None] | None = None, batch_tokens: int = BATCH_TOKENS) -> Outcome:
-    """Stream `samples` through DST (and SRC) block by block; see the module docstring."""
+        progress: Callable[[int, int], None] | None = None, batch_tokens: int = BATCH_TOKENS,
+        observe: Callable | None = None) -> Outcome:
+    """Stream `samples` through DST (and SRC) block by block; see the module docstring.
+
+    `observe(dst, src)`: called with every chunk of scored logits ``[T, V]`` (src None without
+    SRC) or, for an encoder, last hidden states ``[B, L, H]``: for tests and benches."""
     t0 = time.perf_counter()
     groups = batches(samples, batch_tokens)
     sides = [s for s in (src, dst) if s is not None]
@@ -118,7 +122,7 @@ def run(dst: Side, src: Side | None, samples: list[list[int]], device: torch.dev
     lm = LMStats() if causal else None
     enc = EncoderStats() if not causal and src is not None else None
     for j, ids in enumerate(groups):
-        _tail(dst, src, ids, j, device, tuple_out, lm, enc)
+        _tail(dst, src, ids, j, device, tuple_out, lm, enc, observe)
     for side in sides:
         release(side.sk.model)
     return Outcome(lm, enc, layers, len(groups), peak, time.perf_counter() - t0)
@@ -130,7 +134,7 @@ def _block(side: Side, i: int, h: torch.Tensor, extra) -> tuple[torch.Tensor, bo
     return _first(out), isinstance(out, (tuple, list))
 
 
-def _tail(dst: Side, src: Side | None, ids: list[list[int]], j: int, device, tuple_out: bool, lm, enc) -> None:
+def _tail(dst: Side, src: Side | None, ids: list[list[int]], j: int, device, tuple_out: bool, lm, enc, observe) -> None:
     """The model after the blocks (final norm, head) on batch `j`'s final states, a few rows at a time."""
     length = len(ids[0])
     vocab = dst.sk.model.config.get_text_config().vocab_size if causal_head(dst) else 1
@@ -143,8 +147,13 @@ def _tail(dst: Side, src: Side | None, ids: list[list[int]], j: int, device, tup
             logits_d = out_d.logits[:, :-1].reshape(-1, out_d.logits.shape[-1])
             logits_s = out_s.logits[:, :-1].reshape(-1, out_s.logits.shape[-1]) if out_s is not None else None
             lm.add(logits_d, chunk[:, 1:].reshape(-1), logits_s)
-        elif enc is not None:
+            if observe:
+                observe(logits_d, logits_s)
+            continue
+        if enc is not None:
             enc.add(out_d.last_hidden_state, out_s.last_hidden_state)
+        if observe:
+            observe(out_d.last_hidden_state, None if out_s is None else out_s.last_hidden_state)
 
 
 def causal_head(side: Side) -> bool:

@@ -175,6 +175,10 @@ def _fill_experts(sk: Skeleton, mod, container: str, loader: Loader) -> None:
     for leaf in ("gate_up_proj", "down_proj"):
         p = getattr(mod, leaf)
         roles = ("gate", "up") if leaf == "gate_up_proj" else ("down",)
+        whole = loader.tensor(f"{container}.{leaf}") if loader.linear(f"{container}.0.{sk.roles[roles[0]]}") is None else None
+        if whole is not None:  # a checkpoint with transformers' own fused expert tensors (unquantized)
+            _copy(p, whole, f"{container}.{leaf}")
+            continue
         for e in range(p.shape[0]):
             parts = []
             for r in roles:
