@@ -79,7 +79,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     share, sentence = eval_data.calibration_overlap(record, meta, ids, served.source.root, _vocab(config))
     meta.update({"calibration_overlap": share, "overlap_text": sentence})
     sk_dst, causal = build(served.source.root, config, served.tensors)
-    dst_side = forward.Side(sk_dst, forward.ServedLoader(served))
+    dst_side = forward.Side(sk_dst, forward.ServedLoader(served, dev))
     src_side = forward.Side(build(src.root, src.config, src.tensors)[0], forward.SourceLoader(src.tensors)) if src else None
     if not causal and any(v is not None for v in limits.values()):
         raise UsageError(f"{dst}: an encoder (no causal LM head) has no perplexity, KL or top-1; its gate is the embedding "

@@ -46,13 +46,16 @@ class SourceLoader(Loader):
 class ServedLoader(SourceLoader):
     """A converted checkpoint as served (:class:`~quantize_cli.eval.weights.Served`)."""
 
-    def __init__(self, served):
+    def __init__(self, served, device=None):
         super().__init__(served.tensors)
-        self.served = served
+        self.served, self.device = served, device
 
     def linear(self, name: str):
         spec = self.served.linears.get(name)
-        return (self.served.weight(name), spec.act) if spec is not None else None
+        return (self.served.weight(name, self.device), spec.act) if spec is not None else None
+
+    def quantized(self, name: str) -> bool:
+        return name in self.served.linears
 
     def kv(self, attn: str):
         return self.served.kv_scales(attn)

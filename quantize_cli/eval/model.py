@@ -77,6 +77,10 @@ class Loader:
     def linear(self, name: str) -> tuple[torch.Tensor, ActRule] | None:
         return None
 
+    def quantized(self, name: str) -> bool:
+        """Whether `name` is a quantized Linear (cheap: nothing is read)."""
+        return False
+
     def kv(self, attn: str) -> tuple[float, float, float] | None:
         return None
 
@@ -175,7 +179,7 @@ def _fill_experts(sk: Skeleton, mod, container: str, loader: Loader) -> None:
     for leaf in ("gate_up_proj", "down_proj"):
         p = getattr(mod, leaf)
         roles = ("gate", "up") if leaf == "gate_up_proj" else ("down",)
-        whole = loader.tensor(f"{container}.{leaf}") if loader.linear(f"{container}.0.{sk.roles[roles[0]]}") is None else None
+        whole = None if loader.quantized(f"{container}.0.{sk.roles[roles[0]]}") else loader.tensor(f"{container}.{leaf}")
         if whole is not None:  # a checkpoint with transformers' own fused expert tensors (unquantized)
             _copy(p, whole, f"{container}.{leaf}")
             continue

@@ -89,11 +89,12 @@ class Served:
                 self._modules.setdefault(info.module, {})[info.leaf] = info
         return dict(self._modules.get(module, {}))
 
-    def weight(self, name: str) -> torch.Tensor:
-        """fp32 ``[N, K]``: the weight vLLM computes with for quantized Linear `name`."""
+    def weight(self, name: str, device=None) -> torch.Tensor:
+        """fp32 ``[N, K]``: the weight vLLM computes with for quantized Linear `name`, dequantized
+        on `device` (the written tensors are moved there first: a GPU dequantizes in a blink)."""
         spec = self.linears[name]
         scheme = _scheme(self.fmt, spec.algo)
-        q = self._plain(name)
+        q = {k: v.to(device) if device is not None else v for k, v in self._plain(name).items()}
         if spec.algo in ("NVFP4", "W4A16_NVFP4"):
             q = self._merged_fp4_global(spec, q)
         w = scheme.dequantize(q)
@@ -165,7 +166,7 @@ class Served:
         else:
             chosen = max(values)
         q = dict(q)
-        q[key] = torch.tensor(chosen, dtype=torch.float32)
+        q[key] = torch.tensor(chosen, dtype=torch.float32, device=q[key].device if key in q else None)
         return q
 
     def _requantize_to_max(self, spec: ServedLinear, q: dict, w: torch.Tensor) -> torch.Tensor:
@@ -180,7 +181,7 @@ class Served:
         own = float(q["weight_scale"].float().reshape(-1)[0])
         if own == s_max and all(s == s_max for s in scales):
             return w
-        dq = q["weight"].to(torch.float16) * torch.tensor(own, dtype=torch.float32)  # fp16 result (0-d fp32 scale)
+        dq = q["weight"].to(torch.float16) * torch.tensor(own, dtype=torch.float32, device=q["weight"].device)  # fp16 (0-d fp32 scale)
         return fp8_tensor(dq.float(), s_max)
 
 
