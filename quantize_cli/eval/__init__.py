@@ -115,7 +115,7 @@ def _check_pair(dst_source, src) -> None:
     from ..errors import SourceError
 
     a, b = dst_source.config, src.config
-    for key in ("model_type",):
+    for key in ("model_type", "hidden_size", "num_hidden_layers"):
         if a.get(key) != b.get(key):
             raise SourceError(f"--source {src.label}: {key} {b.get(key)!r} differs from DST's {a.get(key)!r}; "
                               "give the checkpoint DST was converted from")

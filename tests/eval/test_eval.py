@@ -184,3 +184,11 @@ def test_fp8_kv_cache_rounds_keys_and_values(tmp_path, llama):
     c, _ = logits_of(kv, data=data, weights_only=True)
     d, _ = logits_of(plain, data=data, weights_only=True)
     assert torch.equal(c, d)  # weights only: the KV cache is not quantized either
+
+
+def test_a_source_of_another_shape_is_refused(tmp_path, llama):
+    from quantize_cli.errors import SourceError
+
+    other = builders.bert(str(tmp_path / "bert"))
+    with pytest.raises(SourceError, match="model_type 'bert' differs"):
+        run_eval(llama, source=other, data=jsonl(tmp_path / "d.jsonl"), device="cpu")
