@@ -53,8 +53,9 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     """
     limits = {"max_ppl_increase": max_ppl_increase, "max_kl": max_kl, "min_top1": min_top1}
     _check_options(source, limits, samples, seq_len)
+    import sys
+
     import torch
-    import transformers
 
     from .. import __version__
     from ..calibration import _max_positions, _vocab
@@ -91,7 +92,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     result.run = {"device": str(dev), "dtype": "float32", "weights_only": weights_only, "batches": out.batches,
                   "peak_blocks_materialized": out.peak_blocks, "forward_seconds": round(out.seconds, 3),
                   "seconds": round(time.perf_counter() - t0, 3), "torch": torch.__version__.split("+")[0],
-                  "transformers": transformers.__version__, "quantize": __version__}
+                  "transformers": sys.modules["transformers"].__version__, "quantize": __version__}
     result.warnings = _warnings(result, served, src)
     return result
 

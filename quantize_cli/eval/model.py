@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
 
-from ..calibration.model import Skeleton, _find_blocks, _prefix, require_transformers
-from ..errors import SourceError
+from ..calibration.model import Skeleton, _find_blocks, _prefix
+from ..errors import CalibrationError, SourceError
 from .activations import NONE, ActRule, fp8_tensor, kv_fp8, quantize_activation
 
 IMPL = "quantize_eval"  # our attention / experts functions' registered name
@@ -34,8 +34,11 @@ STATE = State()
 
 def build(root: str, config: dict, tensors: dict, dtype: torch.dtype = torch.float32) -> tuple[Skeleton, bool]:
     """(meta-device model of the checkpoint at `root`, whether it is a causal LM)."""
-    require_transformers()
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    try:
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    except ImportError:
+        raise CalibrationError("quantize eval runs the model with transformers, which is not installed; "
+                               "install the calib extra: pip install 'quantize[calib]'") from None
 
     register()
     model_type = config.get("model_type")

@@ -74,3 +74,12 @@ def test_without_source_the_verdict_is_the_perplexity(pair):
     assert r.exit_code == 0
     assert r.output.strip().splitlines()[-1].startswith("eval: perplexity ") and "over 69 positions" in r.output
     assert "no --source" in r.output
+
+
+def test_without_transformers_the_message_names_the_extra(pair, monkeypatch):
+    import sys
+
+    src, dst, data = pair
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it now raises ImportError
+    r = run(dst, "--data", data, "--device", "cpu")
+    assert r.exit_code == 1 and "pip install 'quantize[calib]'" in r.output and "Traceback" not in r.output
