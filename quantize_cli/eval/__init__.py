@@ -67,7 +67,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     from .model import build
     from .weights import open_served
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     served = open_served(dst, weights_only)
     config = served.source.config
@@ -91,7 +91,8 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
                         check_gates(metrics, limits) if causal else [])
     result.run = {"device": str(dev), "dtype": "float32", "weights_only": weights_only, "batches": out.batches,
                   "peak_blocks_materialized": out.peak_blocks, "forward_seconds": round(out.seconds, 3),
-                  "seconds": round(time.perf_counter() - t0, 3), "torch": torch.__version__.split("+")[0],
+                  "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time() - cpu0, 3),
+                  "torch": torch.__version__.split("+")[0],
                   "transformers": sys.modules["transformers"].__version__, "quantize": __version__}
     result.warnings = _warnings(result, served, src)
     return result
