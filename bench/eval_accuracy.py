@@ -4,8 +4,8 @@ For each algorithm the model is converted (ModelOpt format) with the calibration
 where the algorithm has static activation scales (FP8, NVFP4), with scales calibrated by
 ``quantize calibrate`` on ``--calib-data`` (the project's defaults); then ``run_eval`` measures
 the output as vLLM serves it against the source on ``--data`` (by default the held-out text
-shipped with eval). NVFP4 and MXFP8 are also measured weight-only (``--weights-only``: what vLLM
-serves on Hopper, where they run on Marlin). The table is docs/accuracy.md's.
+shipped with eval). MXFP8 is also measured weight-only (``--weights-only``: what vLLM serves on
+Hopper, where it runs on Marlin); NVFP4 weight-only is W4A16_NVFP4's row (the same tensors). The table is docs/accuracy.md's.
 
     python bench/eval_accuracy.py --model /root/smol-model --json /tmp/eval-smol.json
     python bench/eval_accuracy.py --model <minilm folder> --algos FP8,NVFP4     # an encoder: embedding cosine
@@ -30,7 +30,8 @@ sys.path.insert(0, ROOT)
 
 ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
 STATIC = ("FP8", "NVFP4")  # algorithms whose input scales calibration changes
-WEIGHT_ONLY_TOO = ("NVFP4", "MXFP8")  # vLLM serves them weight-only on Hopper (Marlin)
+# vLLM serves these weight-only on Hopper (Marlin); NVFP4 weight-only is W4A16_NVFP4's row (the same weights)
+WEIGHT_ONLY_TOO = ("MXFP8",)
 
 
 def rows_for(algo: str, kv: bool) -> list[dict]:

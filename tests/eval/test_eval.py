@@ -158,6 +158,11 @@ def test_default_data_scores_every_token_of_the_held_out_text_once(llama):
     assert meta["tokens"] == len(ids) and meta["spec"] == "default"
     few, _ = load_eval_samples("default", llama, builders.VOCAB, 2, 128)
     assert few == samples[:2]
+    from quantize_cli.calibration.data import load_samples
+    from quantize_cli.eval.data import overlap
+
+    calib_samples, _ = load_samples("default", llama, builders.VOCAB, 1000, 512)
+    assert overlap(samples, calib_samples) == 0  # no 16-token window of the eval text is in the calibration samples
 
 
 def test_overlap_with_the_calibration_data_is_warned(tmp_path, llama):
