@@ -99,7 +99,7 @@ def main() -> None:
         for label, method, version in METHODS:
             dst = os.path.join(a.work, f"{algo}-{label.replace(' ', '-')}")
             t0 = time.perf_counter()
-            api.convert(a.model, dst, algo=algo, device="cpu", quiet=True, scale_search=method, act_scales=scales[version])
+            api.convert(api.ConvertOptions(a.model, dst, algo=algo, device="cpu", quiet=True, scale_search=method, act_scales=scales[version]))
             timings[f"{algo} {label}"] = round(time.perf_counter() - t0, 1)
             undo = serve(model, written(dst, algo), algo == "NVFP4")
             e = embed(model, tok, SENTENCES)

@@ -166,9 +166,9 @@ def main() -> None:
         v1_copy(scales["v2"])
         for label, method, version in METHODS:
             t0 = time.perf_counter()
-            api.convert(a.model, outs[label], algo="NVFP4", device="cpu", quiet=True, scale_search=method, act_scales=scales[version])
+            api.convert(api.ConvertOptions(a.model, outs[label], algo="NVFP4", device="cpu", quiet=True, scale_search=method, act_scales=scales[version]))
             timings[f"convert NVFP4 {label}"] = time.perf_counter() - t0
-        api.convert(a.model, w4, algo="W4A16_NVFP4", device="cpu", quiet=True)
+        api.convert(api.ConvertOptions(a.model, w4, algo="W4A16_NVFP4", device="cpu", quiet=True))
     same = all(torch.equal(x[0], y[0]) for x, y in zip(written(w4).values(), written(outs["rtn"]).values()))
     assert same and written(w4).keys() == written(outs["rtn"]).keys(), "W4A16_NVFP4 weights differ from NVFP4's"
     tok = AutoTokenizer.from_pretrained(a.model)

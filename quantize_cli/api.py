@@ -101,3 +101,32 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
     (console or Console(quiet)).info(f"pushed {dst} to {record['url']} ({record['revision']}, commit {record['commit']}): "
                                      f"{record['files']} file(s), {human_bytes(record['bytes'])}")
     return record
+
+
+# --- quantize eval (issue 24): the accuracy as served; quantize_cli/eval/ -------------------------
+
+
+def eval(dst: str, source: str | None = None, data: str = "default", samples: int | None = None, seq_len: int | None = None,
+         device: str = "auto", json: str | None = None, max_ppl_increase: float | None = None, max_kl: float | None = None,
+         min_top1: float | None = None, weights_only: bool = False, quiet: bool = False, console: Console | None = None):
+    """``quantize eval``: measure `dst` as served (vs `source`); raise CheckFailed when a gate fails.
+
+    The result is printed (the last line: verdict and key numbers) and written to `json` either way."""
+    from .errors import CheckFailed
+    from .eval import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, run_eval
+    from .eval.progress import layer_bar
+
+    if json:
+        check_json_output(json, "--json", (dst if os.path.isdir(dst) else None, source if source and os.path.isdir(source) else None))
+    with layer_bar(quiet) as bar:
+        result = run_eval(dst, source=source, data=data, samples=samples or DEFAULT_SAMPLES, seq_len=seq_len or DEFAULT_SEQ_LEN,
+                          device=device, weights_only=weights_only, max_ppl_increase=max_ppl_increase, max_kl=max_kl,
+                          min_top1=min_top1, progress=bar)
+    print(result.to_text(), flush=True)  # its warnings included
+    if json:
+        write_json(json, result.to_json())
+    if not result.passed:
+        from .eval.report import gate_failure
+
+        raise CheckFailed(gate_failure(dst, result))
+    return result

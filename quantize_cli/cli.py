@@ -74,6 +74,14 @@ def calib_options(fn):
     return click.option("--calib-data", metavar="DATA", help="Calibrate static activation scales on DATA: default, FILE.jsonl, FILE.txt or a cached dataset id.")(fn)
 
 
+def gate_options(fn):
+    """--max-ppl-increase, --max-kl, --min-top1: eval's gates (eval and convert --eval; eval/report.py)."""
+    fn = click.option("--min-top1", type=float, metavar="F", help="Gate: exit 1 if the top-1 agreement with SRC is below F (0..1).")(fn)
+    fn = click.option("--max-kl", type=float, metavar="X", help="Gate: exit 1 if the mean KL divergence from SRC exceeds X (nats).")(fn)
+    return click.option("--max-ppl-increase", type=float, metavar="PCT",
+                        help="Gate: exit 1 if perplexity rises more than PCT percent over SRC.")(fn)
+
+
 def examples(*lines: str) -> str:
     """A help epilog listing example command lines (``\b`` keeps click from re-wrapping them)."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -117,6 +125,8 @@ def main():
 @click.option("--report", metavar="FILE.json", help="Write a machine-readable report.")
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
+@click.option("--eval", "eval", is_flag=True, help="Run `quantize eval DST --source SRC` on the output before publishing it (calib extra).")
+@gate_options
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
               help="mse: per group, the candidate scale with the least squared error, weighted by the activations with "
@@ -212,6 +222,33 @@ def verify(dst, source, json_path, strict, quiet, debug):
         run(dst, source=source, json=json_path, strict=strict, quiet=quiet)
 
     _run(debug, go)
+
+
+@main.command("eval", context_settings=CONTEXT, short_help="Accuracy of DST as served, from its own bytes (a CI gate).", epilog=examples(
+    "quantize eval my-model-fp8 --source ./my-model",
+    "quantize eval my-model-nvfp4 --source ./my-model --max-ppl-increase 3 --min-top1 0.9 --json eval.json"))
+@click.argument("dst")
+@click.option("--source", metavar="SRC", help="The unquantized checkpoint: compare with it in the same pass (needed for the gates).")
+@click.option("--data", default="default", show_default=True, metavar="DATA",
+              help="default (held-out text shipped with the tool), FILE.txt, FILE.jsonl or a cached dataset id.")
+@click.option("--samples", type=click.IntRange(min=1), metavar="N", help="Eval samples (default 64).")
+@click.option("--seq-len", type=click.IntRange(min=2), metavar="L", help="Tokens per sample (default 512).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON (docs/accuracy.md, docs/ci.md).")
+@gate_options
+@click.option("--weights-only", is_flag=True, help="Activations and KV cache unquantized (weight-only kernels, e.g. NVFP4 on Hopper).")
+@common
+def eval_command(dst, source, data, samples, seq_len, device, json_path, max_ppl_increase, max_kl, min_top1, weights_only, quiet, debug):
+    """Measure converted checkpoint DST as the serving engine computes it (perplexity, KL, top-1 vs SRC)."""
+
+    def go():
+        from .api import eval as run
+
+        run(dst, source=source, data=data, samples=samples, seq_len=seq_len, device=device, json=json_path,
+            max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, weights_only=weights_only, quiet=quiet)
+
+    _run(debug, go)
+    _fast_exit()
 
 
 @main.command(context_settings=CONTEXT, short_help="A packed-layout checkpoint back to the plain one.", epilog=examples(

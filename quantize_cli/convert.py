@@ -9,6 +9,7 @@
     executor.produce     the bytes: local (run/local.py) or Ray (run/ray_executor.py), the same way
     WorkFolder.finish    shards checked, index, the format's documents, sidecars
     --verify             the work folder read back as a loader would (refused: DST never appears)
+    --eval               the work folder's accuracy as served, vs SRC (eval/); a failed gate: DST never appears
     card, seal, commit   the model card, the identity and digests, the rename to DST
     follow-ups           the report, --push-to-hub
 
@@ -39,6 +40,8 @@ from .plan.steps import check_options, make_plan, print_plan, raise_problems
 from .run import prefetch
 from .run.context import RunContext, warm_device
 from .run.options import RunChecked, check_run_options, resolve_run
+
+_GATES = ("max_ppl_increase", "max_kl", "min_top1")  # --eval's gates: eval.GATES (not imported: eval pulls torch in later)
 
 
 @dataclass
@@ -71,6 +74,10 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     try:
         ok = check_options(opts)  # usage errors, in the first second, before anything is read
         how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
+        if opts.eval or any(getattr(opts, g) is not None for g in _GATES):
+            from .eval import check_convert_eval
+
+            check_convert_eval(opts.eval, {g: getattr(opts, g) for g in _GATES})
         check_source_path(opts.src)  # SRC exists (a folder, an example, a Hub id): after every usage error
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
         preflight(opts, finished)
@@ -102,20 +109,21 @@ def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResu
     if finished:
         path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
         verified = _verify(path, opts, ok, con) if opts.verify else None
+        evaluated = _eval(path, _eval_source(opts, ok), opts, how, con) if opts.eval else None
         doc = run_report(plan, options, None, timings, path, status="already-complete")
-        return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con))
+        return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
     for w in plan.warnings:
         con.warn(w)
     for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
         con.info(note)
     try:
-        work, stats, verified = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
+        work, stats, verified, evaluated = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     doc = run_report(plan, options, stats, timings, work.dst)
     if getattr(stats, "ray", None):
         doc["ray"] = stats.ray
-    result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con))
+    result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
     speed = f" ({human_bytes(plan.bytes_in / timings['total_s'])}/s of input)" if timings["total_s"] else ""  # MB/s for a tiny run
     con.info(f"wrote {work.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
@@ -203,6 +211,11 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
             verified = _verify_before_publishing(work, opts.src if on_disk else None, plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        evaluated = None
+        if opts.eval:
+            t1 = time.perf_counter()
+            evaluated = _eval(work.partial, _eval_source(opts, ok), opts, how, con, work)
+            timings["eval_s"] = time.perf_counter() - t1
         facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
         work.write_card(card_text(work.partial, facts, opts.push_to_hub))
         work.seal(identity, plan)
@@ -222,7 +235,38 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
     except BaseException:
         work.discard()
         raise
-    return work, stats, verified
+    return work, stats, verified, evaluated
+
+
+def _eval_source(opts: ConvertOptions, ok: Checked) -> str | None:
+    """The source --eval compares with: SRC, unless only its headers are on disk (--low-disk, Ray from the Hub)."""
+    return None if opts.low_disk or (opts.executor == "ray" and ok.on_hub) else opts.src
+
+
+def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console, work: WorkFolder | None = None):
+    """convert --eval: `quantize eval` of `folder` against `src` on the run's device. A failed gate
+    refuses the run: a work folder is kept beside DST (``DST.eval-failed``), never published."""
+    from .eval import run_eval
+    from .eval.progress import layer_bar
+    from .eval.report import gate_failure
+
+    limits = {g: getattr(opts, g) for g in _GATES}
+    if src is None and any(v is not None for v in limits.values()):
+        raise CheckFailed(f"--eval: {opts.src} is not on disk here (--low-disk or Ray workers read it), so the gates have nothing "
+                          "to compare with; run `quantize eval DST --source SRC` with them instead")
+    with layer_bar(opts.quiet) as bar:
+        result = run_eval(folder, source=src, device=how.device, progress=bar, **limits)
+    result.dst = opts.dst  # the text and the report name DST, not the work folder it was measured in
+    if opts.quiet:
+        for w in result.warnings:
+            con.warn(w)
+    con.info(result.to_text())  # its warnings included
+    if not result.passed:
+        if work is not None:
+            kept = work.set_aside("eval-failed")
+            raise CheckFailed(gate_failure(opts.dst, result) + f"; the output is kept at {kept} for inspection, DST was not written")
+        raise CheckFailed(gate_failure(opts.dst, result))
+    return result
 
 
 def _with_hub_sidecars(plan, work, hub):
@@ -295,12 +339,14 @@ def _say_verified(res, con: Console) -> None:
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
 
 
-def _follow_ups(opts: ConvertOptions, plan: Plan, doc: dict, verified, report: _Report, con: Console) -> dict:
-    """After a fresh output and after "already complete" alike: --verify's outcome, the report, --push-to-hub."""
+def _follow_ups(opts: ConvertOptions, plan: Plan, doc: dict, verified, report: _Report, con: Console, evaluated=None) -> dict:
+    """After a fresh output and after "already complete" alike: --verify's and --eval's outcomes, the report, --push-to-hub."""
     if verified is not None:  # --verify's outcome, as the card states it
         from .output.card import verify_summary
 
         doc["verify"] = verify_summary(verified, lambda m: plan.scheme_of(m).algo)
+    if evaluated is not None:  # --eval's result, as `quantize eval --json` writes it
+        doc["eval"] = evaluated.to_json()
     report.write(doc)
     if opts.push_to_hub:
         from .output.publish import push_after_convert

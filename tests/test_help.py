@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from quantize_cli.cli import main
 
-COMMANDS = ["convert", "check", "verify", "calibrate", "unpack", "inspect", "push", "recipes"]
+COMMANDS = ["convert", "check", "verify", "eval", "calibrate", "unpack", "inspect", "push", "recipes"]
 
 
 def invoke(*args: str, width: int = 80):

@@ -2,9 +2,8 @@
 command line and the files written, plus the defects the feature-interaction matrix found (M1-M3,
 tests/matrix/known.py).
 
-Every test here fails today and is a strict xfail naming its defect (``raises=AssertionError``: only
-a failed assertion counts, a crash still fails). The fix turns it into an XPASS error; then delete
-the mark. The source is ``example:tiny-llama``; SCALES.json is made once per session
+Each was written first as a strict xfail naming its defect and failed; the redesign fixed them all,
+so none is marked now: a regression fails here. The source is ``example:tiny-llama``; SCALES.json is made once per session
 (``example_scales``, tests/conftest.py)."""
 
 from __future__ import annotations

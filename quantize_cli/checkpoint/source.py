@@ -214,8 +214,10 @@ def _shard_names(root: str) -> tuple[list[str], dict | None]:
     return files, None
 
 
-def open_source(src: str, revision: str | None = None, quiet: bool = True) -> Source:
-    """Resolve and read SRC's config and headers; raise :class:`SourceError` on anything malformed."""
+def open_source(src: str, revision: str | None = None, quiet: bool = True, allow_quantized: bool = False) -> Source:
+    """Resolve and read SRC's config and headers; raise :class:`SourceError` on anything malformed.
+
+    `allow_quantized`: read a converted checkpoint too (``quantize eval``); else it is refused."""
     root, from_hub = resolve_path(src, revision, quiet)
     config_path = os.path.join(root, "config.json")
     if not os.path.lexists(config_path) and not any(f.endswith(".safetensors") for f in _listdir(root)):
@@ -256,7 +258,8 @@ def open_source(src: str, revision: str | None = None, quiet: bool = True) -> So
     sidecars, skipped, notes = _sidecars(root)
     warnings += skipped
     source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings, notes=notes)
-    refuse_quantized(source)
+    if not allow_quantized:
+        refuse_quantized(source)
     return source
 
 
