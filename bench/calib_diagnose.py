@@ -2,7 +2,7 @@
 
 For each quantized Linear of a model the fp32 inputs it receives on the eval sentences of
 ``bench/calib_accuracy.py`` are captured (unquantized model, so every Linear sees the same
-``x [T, K]``), then quantized as vLLM serves them with the constant scale and with the calibrated
+``x [T, K]``), then quantized as vLLM serves them (quantize_cli/eval/activations.py) with the constant scale and with the calibrated
 one (FP8 and NVFP4 separately), and the error of the Linear's output ``y = q(x) @ W.T`` against
 ``x @ W.T`` is split in two:
 
@@ -25,10 +25,31 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]  # bench/kernels.py
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from calib_accuracy import SENTENCES, act_fp8, act_nvfp4  # noqa: E402
+
+def _sentences() -> list[str]:
+    """calib_accuracy.SENTENCES, imported by path (the bench folder stays off sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calib_accuracy", os.path.join(ROOT, "bench", "calib_accuracy.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SENTENCES
+
+
+SENTENCES = _sentences()
+
+from quantize_cli.eval.activations import fp8_tensor, nvfp4  # noqa: E402  (vLLM's rules, as quantize eval serves them)
+
+
+def act_fp8(x: torch.Tensor, s: float) -> torch.Tensor:
+    return fp8_tensor(x, s)
+
+
+def act_nvfp4(x: torch.Tensor, s: float) -> torch.Tensor:
+    return nvfp4(x, 1.0 / s)  # vLLM: activation global scale = 1 / input_scale
 
 
 def capture(model, tok, sentences, names) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -1,7 +1,7 @@
 """Scratch check (not a test dependency): what vLLM 0.33 decides for our compressed-tensors outputs.
 
 Run with the upstream venv (shared/tools/upstream-env.sh) after converting the golden tiny Llama:
-    for a in FP8 FP8_PER_CHANNEL_PER_TOKEN FP8_PB_WO NVFP4 W4A16_NVFP4 INT8 MXFP8; do
+    for a in FP8 FP8_PER_CHANNEL_PER_TOKEN FP8_PB_WO NVFP4 W4A16_NVFP4 INT8 MXFP8 INT4 INT4_ASYM; do
       quantize convert tests/golden/checkpoints/tiny-llama -o /tmp/ct/ours-$a --algo $a --format compressed-tensors; done
     /root/upstream-venv/bin/python -P bench/ct_vllm_decisions.py   (-P: bench/kernels.py would shadow the kernels package)
 It parses each config.json with CompressedTensorsConfig.from_config and asks get_scheme_dict +
@@ -28,7 +28,7 @@ class CompressedTensorsW4A4Fp4:  # stand-in: the real one picks a CUDA kernel in
         self.is_static_input_scheme = not use_a16
 C.CompressedTensorsW4A4Fp4 = CompressedTensorsW4A4Fp4
 res = {}
-for algo in ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8"]:
+for algo in ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8", "INT4", "INT4_ASYM"]:
     d = f"/tmp/ct/ours-{algo}"
     qc = json.load(open(f"{d}/config.json"))["quantization_config"]
     cfg = CompressedTensorsConfig.from_config(dict(qc))

@@ -37,6 +37,10 @@ CASES = {
     "moe-FP8_PER_CHANNEL_PER_TOKEN-experts-W4A16_NVFP4": (MOE, "FP8_PER_CHANNEL_PER_TOKEN", ["*experts*=W4A16_NVFP4"]),
     "moe-W4A16_NVFP4-experts-FP8": (MOE, "W4A16_NVFP4", ["*experts*=FP8"]),
     "moe-FP8-experts-FP8_PB_WO": (MOE, "FP8", ["*experts*=FP8_PB_WO"]),
+    "llama-INT4-attn-MXFP8": (TINY, "INT4", ["self_attn*=MXFP8"]),
+    "moe-FP8_PB_WO-experts-INT4": (MOE, "FP8_PB_WO", ["*experts*=INT4"]),
+    "moe-INT4_ASYM-experts-NVFP4": (MOE, "INT4_ASYM", ["*experts*=NVFP4"]),
+    "moe-INT4-experts-INT4_ASYM": (MOE, "INT4", ["*experts*=INT4_ASYM"]),
 }
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

@@ -55,7 +55,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 SHAPES = {"8192x8192": (8192, 8192), "28672x8192": (28672, 8192), "151936x4096": (151936, 4096), "moe": (128, 1536, 4096)}
-ALGOS = tuple(a for a in ALL_ALGOS if a != "W4A16_NVFP4")  # W4A16_NVFP4 = NVFP4's kernel
+ALGOS = tuple(a for a in ALL_ALGOS if a not in ("W4A16_NVFP4", "INT4_ASYM"))  # NVFP4 / INT4 kernels; INT4_ASYM is compressed-tensors only (torch reference)
 NEEDS_AMAX = ("FP8", "NVFP4")
 
 
@@ -113,6 +113,8 @@ def check_rows(scheme, w: torch.Tensor, out: dict, gamax) -> bool:
                 got[key] = v
             elif v.dim() == 4:  # FP8_PB_WO scales [N/128, 1, K/128, 1]
                 got[key] = v[start // 128 : start // 128 + 1]
+            elif scheme.algo == "INT4" and key == "weight":  # [N/2, K]: two rows per byte
+                got[key] = v[rows.start // 2 : rows.stop // 2]
             else:
                 got[key] = v[rows]
         if not same(got, ref):

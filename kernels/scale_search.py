@@ -5,7 +5,10 @@ candidate scale is tried in the reference's order, its error is computed exactly
 
     d = fp64(x) - fp64(v) * fp64(s);  t = (d * d) * 2^(SHIFT - 2 e0);  err = sum(int64(t))
 
-and a later candidate wins only when its ``err`` is strictly smaller. The products in ``d`` are
+and a later candidate wins only when its ``err`` is strictly smaller. With activation weights
+(``channel_weights``, normalized per group by ``schemes.weighted.normalized``, fp64, the same
+tensor the reference uses) each term is ``((d * d) * c) * 2^(SHIFT - 2 e0)``, in that order;
+``WEIGHTED`` is a compile-time switch, so the unweighted kernels are unchanged. The products in ``d`` are
 exact in fp64 and the sum is over integers, so neither fused multiply-adds nor the reduction
 order can change the choice. Each candidate quantizes with the same fp32 steps as round-to-
 nearest (``div_rn``, the same clamps and roundings), so candidate 0 is byte-identical to RTN.
@@ -26,6 +29,7 @@ import triton.language as tl
 from ..schemes.fp8 import BLOCK
 from ..schemes.numerics import E2M1_MAX, E4M3_MAX, INT8_MAX, NVFP4_GROUP
 from ..schemes.search import NVFP4_CODE_STEPS, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT
+from ..schemes.weighted import normalized
 from ._tl_math import div_rn, e2m1_codes, e4m3, e4m3_to_f32, int8_code, scale_from_amax
 from ._validate import cdiv, next_pow2, soft_fp8
 
@@ -46,10 +50,14 @@ def _units(s0, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _group_err(x, v, s64, units):
-    """int64 per row of ``x`` [R, C]: sum of int64((x - v*s)^2 * units) in fp64 (search.group_error)."""
+def _group_err(x, v, s64, units, cw, WEIGHTED: tl.constexpr):
+    """int64 per row of ``x`` [R, C]: sum of int64((x - v*s)^2 [* cw] * units) in fp64
+    (search.group_error); ``cw`` fp64 [1 or R, C], the normalized channel weights."""
     d = x.to(tl.float64) - v.to(tl.float64) * s64[:, None]
-    return tl.sum(((d * d) * units[:, None]).to(tl.int64), axis=1)
+    dd = d * d
+    if WEIGHTED:
+        dd = dd * cw
+    return tl.sum((dd * units[:, None]).to(tl.int64), axis=1)
 
 
 @triton.jit
@@ -72,11 +80,22 @@ def _store_codes(q_ptr, offs, mask, x, s, INT8: tl.constexpr, SOFT: tl.constexpr
 
 
 @triton.jit
+def _row_weights(cw_ptr, b, K, cols, WEIGHTED: tl.constexpr):
+    """fp64 ``[1, len(cols)]`` channel weights of columns `cols` of item b (0.0 when not WEIGHTED)."""
+    if WEIGHTED:
+        return tl.load(cw_ptr + b * K + cols, mask=cols < K, other=0.0)[None, :]
+    else:
+        return 0.0
+
+
+@triton.jit
 def _row_search_kernel(
-    x_ptr, q_ptr, s_ptr, mult_ptr, N, K, qmax, C,
+    x_ptr, q_ptr, s_ptr, mult_ptr, cw_ptr, N, K, qmax, C,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INT8: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr,
+    WEIGHTED: tl.constexpr,
 ):
-    """Grid ``(cdiv(N, BLOCK_N), B)``: rows of item b; pass 1 amax, one pass per candidate, one to store."""
+    """Grid ``(cdiv(N, BLOCK_N), B)``: rows of item b; pass 1 amax, one pass per candidate, one to store.
+    ``cw``: fp64 ``[B, K]`` normalized channel weights (read when WEIGHTED)."""
     b = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -92,14 +111,16 @@ def _row_search_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + start[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-        best_err += _group_err(x, _values(x, best_s, INT8, SOFT), best_s.to(tl.float64), units)
+        cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
+        best_err += _group_err(x, _values(x, best_s, INT8, SOFT), best_s.to(tl.float64), units, cw, WEIGHTED)
     for c in range(1, C):
         s = scale_from_amax(amax * tl.load(mult_ptr + c), qmax)
         err = tl.zeros([BLOCK_N], dtype=tl.int64)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + start[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-            err += _group_err(x, _values(x, s, INT8, SOFT), s.to(tl.float64), units)
+            cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
+            err += _group_err(x, _values(x, s, INT8, SOFT), s.to(tl.float64), units, cw, WEIGHTED)
         better = err < best_err
         best_err = tl.where(better, err, best_err)
         best_s = tl.where(better, s, best_s)
@@ -113,22 +134,23 @@ def _row_search_kernel(
 
 
 @triton.jit
-def _block_err(x_ptr, base, rows0, cols, N, K, s, units, SUB: tl.constexpr, SOFT: tl.constexpr):
-    """int64 error of one 128x128 block (rows ``rows0 + [0, 128)``) quantized with scale ``s``."""
+def _block_err(x_ptr, base, rows0, cols, N, K, s, units, cw, SUB: tl.constexpr, SOFT: tl.constexpr, WEIGHTED: tl.constexpr):
+    """int64 error of one 128x128 block (rows ``rows0 + [0, 128)``) quantized with scale ``s``
+    (``cw``: its columns' weights [1, 128])."""
     err = tl.zeros([SUB], dtype=tl.int64)
     for r0 in range(0, 128, SUB):
         rows = rows0 + r0 + tl.arange(0, SUB)
         mask = (rows < N)[:, None] & (cols < K)[None, :]
         x = tl.load(x_ptr + base + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         sv = s + tl.zeros([SUB], dtype=tl.float32)
-        err += _group_err(x, _values(x, sv, False, SOFT), sv.to(tl.float64), units + tl.zeros([SUB], dtype=tl.float64))
+        err += _group_err(x, _values(x, sv, False, SOFT), sv.to(tl.float64), units + tl.zeros([SUB], dtype=tl.float64), cw, WEIGHTED)
     return tl.sum(err, axis=0)
 
 
 @triton.jit
 def _block_search_kernel(
-    x_ptr, q_ptr, s_ptr, mult_ptr, N, K, NB, KB, qmax, C,
-    SUB: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, mult_ptr, cw_ptr, N, K, NB, KB, qmax, C,
+    SUB: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
     """Grid ``(NB * KB, B)``: program (i, j) searches the scale of block ``[i*128:, j*128:]`` of item b."""
     pid = tl.program_id(0)
@@ -145,10 +167,11 @@ def _block_search_kernel(
     amax = tl.max(amax, axis=0)
     best_s = scale_from_amax(amax * tl.load(mult_ptr), qmax)
     units = _units(best_s, SHIFT)
-    best_err = _block_err(x_ptr, base, rows0, cols, N, K, best_s, units, SUB, SOFT)
+    cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
+    best_err = _block_err(x_ptr, base, rows0, cols, N, K, best_s, units, cw, SUB, SOFT, WEIGHTED)
     for c in range(1, C):
         s = scale_from_amax(amax * tl.load(mult_ptr + c), qmax)
-        err = _block_err(x_ptr, base, rows0, cols, N, K, s, units, SUB, SOFT)
+        err = _block_err(x_ptr, base, rows0, cols, N, K, s, units, cw, SUB, SOFT, WEIGHTED)
         better = err < best_err
         best_err = tl.where(better, err, best_err)
         best_s = tl.where(better, s, best_s)
@@ -177,12 +200,13 @@ def _e4m3_code_value(code, SOFT: tl.constexpr):
 
 @triton.jit
 def _nvfp4_search_kernel(
-    x_ptr, q_ptr, s_ptr, gamax_ptr, wsf2_ptr, step_ptr, G, global_div, C,
-    BLOCK_G: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, gamax_ptr, wsf2_ptr, step_ptr, cw_ptr, G, KG, global_div, C,
+    BLOCK_G: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
     """Grid ``(cdiv(G, BLOCK_G), B)``: 16-groups ``[pid*BLOCK_G, +BLOCK_G)`` of item b.
 
-    x: ``[B, G, 16]``; q: ``[B, G, 8]`` uint8; s: ``[B, G]`` e4m3 bits (uint8); gamax, wsf2: ``[B]``.
+    x: ``[B, G, 16]``; q: ``[B, G, 8]`` uint8; s: ``[B, G]`` e4m3 bits (uint8); gamax, wsf2: ``[B]``;
+    cw: fp64 ``[B, KG * 16]`` normalized channel weights (KG groups per row; read when WEIGHTED).
     """
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -194,6 +218,11 @@ def _nvfp4_search_kernel(
     g_ok = pid * BLOCK_G + gl < G
     e = tl.arange(0, 16)
     x = tl.load(x_ptr + g0 * 16 + gl[:, None] * 16 + e[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    if WEIGHTED:  # group g of a row covers input channels (g % KG) * 16 + [0, 16)
+        col = ((pid * BLOCK_G + gl) % KG).to(tl.int64) * 16
+        cw = tl.load(cw_ptr + b * KG * 16 + col[:, None] + e[None, :], mask=g_ok[:, None], other=0.0)
+    else:
+        cw = 0.0
 
     # Round-to-nearest block scale, exactly as the plain kernel (nvfp4_quant.py) computes it.
     bs = div_rn(tl.max(tl.abs(x), axis=1), 6.0 * wsf2)
@@ -203,7 +232,7 @@ def _nvfp4_search_kernel(
     bsv = _e4m3_code_value(code0, SOFT)
     units = _units(bsv * wsf2, SHIFT)
     best_codes = e2m1_codes(div_rn(x, (bsv * wsf2)[:, None]))
-    best_err = _group_err(x, _e2m1_value(best_codes), bsv.to(tl.float64) * wsf2_64, units)
+    best_err = _group_err(x, _e2m1_value(best_codes), bsv.to(tl.float64) * wsf2_64, units, cw, WEIGHTED)
     best = code0
     for c in range(1, C):
         code = code0 + tl.load(step_ptr + c)
@@ -211,7 +240,7 @@ def _nvfp4_search_kernel(
         code = tl.minimum(tl.maximum(code, 1), 126)
         bsv = _e4m3_code_value(code, SOFT)
         codes = e2m1_codes(div_rn(x, (bsv * wsf2)[:, None]))
-        err = _group_err(x, _e2m1_value(codes), bsv.to(tl.float64) * wsf2_64, units)
+        err = _group_err(x, _e2m1_value(codes), bsv.to(tl.float64) * wsf2_64, units, cw, WEIGHTED)
         better = ok & (err < best_err)
         best_err = tl.where(better, err, best_err)
         best = tl.where(better, code, best)
@@ -229,8 +258,16 @@ def _table(values: tuple, dtype: torch.dtype, device: str) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def quantize_rows(w: torch.Tensor, int8: bool, soft: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [B, N, K]`` -> (int8 or e4m3 ``[B, N, K]``, fp32 searched row scales ``[B, N]``)."""
+def _weights(cw: torch.Tensor | None, batch: int, k: int, width: int, dummy: torch.Tensor) -> torch.Tensor:
+    """fp64 ``[B, K]`` normalized channel weights (``schemes.weighted.normalized``), or `dummy` (unweighted)."""
+    if cw is None:
+        return dummy
+    return normalized(cw.float().expand(batch, k), width, dummy.device)
+
+
+def quantize_rows(w: torch.Tensor, int8: bool, soft: bool | None = None, cw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [B, N, K]`` -> (int8 or e4m3 ``[B, N, K]``, fp32 searched row scales ``[B, N]``);
+    ``cw``: channel weights ``[K]`` or ``[B, K]`` (None: unweighted)."""
     soft = soft_fp8(w.device) if soft is None else soft
     batch, n, k = w.shape
     block_k = min(next_pow2(k), ROW_LOOP_K)
@@ -239,13 +276,13 @@ def quantize_rows(w: torch.Tensor, int8: bool, soft: bool | None = None) -> tupl
     s = torch.empty((batch, n), dtype=torch.float32, device=w.device)
     mults = _table(ROW_MULTIPLIERS, torch.float32, str(w.device))
     _row_search_kernel[(cdiv(n, block_n), batch)](
-        w, q, s, mults, n, k, INT8_MAX if int8 else E4M3_MAX, len(ROW_MULTIPLIERS),
-        BLOCK_N=block_n, BLOCK_K=block_k, INT8=int8, SOFT=soft, SHIFT=ROW_SHIFT, num_warps=ROW_WARPS,
+        w, q, s, mults, _weights(cw, batch, k, k, mults), n, k, INT8_MAX if int8 else E4M3_MAX, len(ROW_MULTIPLIERS),
+        BLOCK_N=block_n, BLOCK_K=block_k, INT8=int8, SOFT=soft, SHIFT=ROW_SHIFT, WEIGHTED=cw is not None, num_warps=ROW_WARPS,
     )
     return q, s
 
 
-def quantize_blocks(w: torch.Tensor, soft: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(w: torch.Tensor, soft: bool | None = None, cw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [B, N, K]`` -> (e4m3 ``[B, N, K]``, fp32 searched block scales ``[B, nb, 1, kb, 1]``)."""
     soft = soft_fp8(w.device) if soft is None else soft
     batch, n, k = w.shape
@@ -254,13 +291,13 @@ def quantize_blocks(w: torch.Tensor, soft: bool | None = None) -> tuple[torch.Te
     s = torch.empty((batch, nb, kb), dtype=torch.float32, device=w.device)
     mults = _table(ROW_MULTIPLIERS, torch.float32, str(w.device))
     _block_search_kernel[(nb * kb, batch)](
-        w, q, s, mults, n, k, nb, kb, E4M3_MAX, len(ROW_MULTIPLIERS),
-        SUB=BLOCK_SUB_ROWS, SOFT=soft, SHIFT=ROW_SHIFT, num_warps=BLOCK_WARPS,
+        w, q, s, mults, _weights(cw, batch, k, BLOCK, mults), n, k, nb, kb, E4M3_MAX, len(ROW_MULTIPLIERS),
+        SUB=BLOCK_SUB_ROWS, SOFT=soft, SHIFT=ROW_SHIFT, WEIGHTED=cw is not None, num_warps=BLOCK_WARPS,
     )
     return q, s.view(batch, nb, 1, kb, 1)
 
 
-def quantize_nvfp4(w: torch.Tensor, gamax: torch.Tensor, soft: bool | None = None):
+def quantize_nvfp4(w: torch.Tensor, gamax: torch.Tensor, soft: bool | None = None, cw: torch.Tensor | None = None):
     """``w [B, N, K]`` (K % 16 == 0), ``gamax [B]`` -> (uint8 ``[B, N, K/2]``, e4m3 ``[B, N, K/16]``,
     fp32 ``weight_scale_2 [B]``) with searched block scales."""
     soft = soft_fp8(w.device) if soft is None else soft
@@ -270,36 +307,41 @@ def quantize_nvfp4(w: torch.Tensor, gamax: torch.Tensor, soft: bool | None = Non
     s = torch.empty((batch, n, k // NVFP4_GROUP), dtype=torch.uint8, device=w.device)
     wsf2 = torch.empty(batch, dtype=torch.float32, device=w.device)
     steps = _table(NVFP4_CODE_STEPS, torch.int32, str(w.device))
+    cw64 = _weights(cw, batch, k, NVFP4_GROUP, wsf2)
     _nvfp4_search_kernel[(cdiv(groups, NVFP4_GROUPS), batch)](
-        w, q, s, gamax, wsf2, steps, groups, E2M1_MAX * E4M3_MAX, len(NVFP4_CODE_STEPS),
-        BLOCK_G=NVFP4_GROUPS, SOFT=soft, SHIFT=NVFP4_SHIFT, num_warps=NVFP4_WARPS,
+        w, q, s, gamax, wsf2, steps, cw64, groups, k // NVFP4_GROUP, E2M1_MAX * E4M3_MAX, len(NVFP4_CODE_STEPS),
+        BLOCK_G=NVFP4_GROUPS, SOFT=soft, SHIFT=NVFP4_SHIFT, WEIGHTED=cw is not None, num_warps=NVFP4_WARPS,
     )
     return q, s.view(torch.float8_e4m3fn), wsf2
 
 
-def run(scheme, w: torch.Tensor, gamax: torch.Tensor | None, amax_fn) -> dict[str, torch.Tensor]:
-    """Dispatch a :class:`~quantize_cli.schemes.search.Searched` scheme on a stack ``w [B, N, K]``."""
+def run(scheme, w: torch.Tensor, gamax: torch.Tensor | None, amax_fn, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Dispatch a :class:`~quantize_cli.schemes.search.Searched` scheme on a stack ``w [B, N, K]``;
+    `channel_weights`: ``[K]`` (shared) or ``[B, K]`` activation weights, or None."""
     from ..schemes.fp8 import Fp8Block
     from ..schemes.int8 import Int8PerChannel
     from ..schemes.nvfp4 import Nvfp4
+    from ..schemes.weighted import check
 
     base = scheme.base
+    cw = check(channel_weights, w.shape[-1], w.shape[0])
     if isinstance(base, Nvfp4) and w.dtype == torch.float32:
         # On an H100 the searched NVFP4 kernel chose another candidate than the reference for some
         # fp32-source groups (bf16 / fp16 sources are exact): until that is understood, fp32 sources
         # take the torch reference on the GPU, which is exact on every device.
-        outs = [scheme.quantize(w[b], None if gamax is None else gamax[b]) for b in range(w.shape[0])]
+        outs = [scheme.quantize(w[b], None if gamax is None else gamax[b], None if cw is None else (cw if cw.dim() == 1 else cw[b]))
+                for b in range(w.shape[0])]
         return {k: (torch.stack([o[k] for o in outs]) if outs[0][k].dim() or k != "input_scale" else outs[0][k]) for k in outs[0]}
     if isinstance(base, Nvfp4):
         if w.shape[-1] % NVFP4_GROUP:
             raise ValueError(f"{base.algo} needs in-features (last dim) divisible by {NVFP4_GROUP}, got shape {list(w.shape[-2:])}")
-        q, s, wsf2 = quantize_nvfp4(w, amax_fn(w) if gamax is None else gamax)
+        q, s, wsf2 = quantize_nvfp4(w, amax_fn(w) if gamax is None else gamax, cw=cw)
         out = {"weight": q, "weight_scale": s, "weight_scale_2": wsf2}
         if base.static_input_scale is not None:
             out["input_scale"] = base.input_scale_tensor
         return out
     if isinstance(base, Fp8Block):
-        q, s = quantize_blocks(w)
+        q, s = quantize_blocks(w, cw=cw)
     else:
-        q, s = quantize_rows(w, isinstance(base, Int8PerChannel))
+        q, s = quantize_rows(w, isinstance(base, Int8PerChannel), cw=cw)
     return {"weight": q, "weight_scale": s}

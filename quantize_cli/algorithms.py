@@ -11,6 +11,7 @@ and numbers from here instead of keeping copies.
     NVFP4, W4A16_NVFP4           NVFP4, W4A16_NVFP4        1 x 16 (e4m3 scales) + fp32 global
     INT8                         W8A16                     one output row
     MXFP8                        MXFP8                     1 x 32 (e8m0 scales)
+    INT4, INT4_ASYM              W4A16_AWQ                 1 x 128 (int4; ASYM: compressed-tensors only)
 
 Several algorithms in one checkpoint (``--algo-for``) are written as ``MIXED_PRECISION``.
 """
@@ -28,6 +29,7 @@ FP8_BLOCK = 128  # FP8_PB_WO: one scale per 128 x 128 block
 NVFP4_GROUP = 16  # NVFP4: elements along K sharing one e4m3 scale
 NVFP4_SCALE_MIN = 2.0**-9  # NVFP4 block scales are clamped up to this (ModelOpt >= 0.45): no zero scales
 MX_BLOCK = 32  # MXFP8: elements along K sharing one e8m0 scale
+INT4_GROUP = 128  # INT4: elements along K sharing one scale (llm-compressor's W4A16, ModelOpt's INT4 configs)
 
 
 # --- Algorithms -------------------------------------------------------------------------------
@@ -82,9 +84,15 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "(compressed-tensors W8A8: dynamic per-token int8)", "int8"),
     Algorithm("MXFP8", "MXFP8", "dynamic", "MXFP8 e4m3 weights with one power-of-two (e8m0) scale per 32 along K; "
               "dynamic MX activations", "mxfp8", group_size=MX_BLOCK),
+    # ModelOpt calls group-128 int4 weight-only W4A16_AWQ, AWQ-smoothed or not; it never writes zero points
+    Algorithm("INT4", "W4A16_AWQ", "none", "int4 weights with one scale per 128-element group (W4A16, symmetric); "
+              "16-bit activations", "int4", group_size=INT4_GROUP),
+    Algorithm("INT4_ASYM", "W4A16_AWQ", "none", "int4 weights with one scale and zero point per 128-element group "
+              "(W4A16_ASYM); 16-bit activations", "int4", group_size=INT4_GROUP),
 )}
 ALGOS = tuple(ALGORITHMS)
-ALIASES = {"W8A16": "INT8"}  # ModelOpt's name for what this tool calls INT8
+ALIASES = {"W8A16": "INT8",  # ModelOpt's name for what this tool calls INT8
+           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM"}  # llm-compressor's preset names
 MIXED_PRECISION = "MIXED_PRECISION"  # the quant_algo of a checkpoint holding several algorithms
 QUANT_ALGO = {a.name: a.quant_algo for a in ALGORITHMS.values()}  # a view of the table, for lookups
 

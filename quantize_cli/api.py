@@ -38,10 +38,14 @@ def verify(dst: str, source: str | None = None, json: str | None = None, strict:
 
 def unpack(dst: str, output: str, overwrite: bool = False, quiet: bool = False, console: Console | None = None) -> str:
     """``quantize unpack``: a packed-layout checkpoint back to the plain one (byte-identical to a plain conversion)."""
+    from .errors import SourceError
     from .output.destination import Destination
-    from .unpack import unpack_checkpoint
 
     Destination(output, overwrite=overwrite)  # refuse an existing output first
+    if not os.path.isdir(dst):  # before torch (issue 26: refusals that need no tensor data are instant)
+        raise SourceError(f"{dst}: no such folder; unpack takes the output of convert --layout marlin|cutlass|flashinfer")
+    from .unpack import unpack_checkpoint
+
     path = unpack_checkpoint(dst, output, overwrite=overwrite)
     (console or Console(quiet)).info(f"wrote {path}")
     return path
@@ -65,12 +69,16 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
               calib_seq_len: int | None = None, device: str = "auto", memory_budget: str | int = "4GB",
               revision: str | None = None, recipe: str | None = None, quiet: bool = False, console: Console | None = None):
     """``quantize calibrate``: measure activation amax of `src` on `calib_data`; write SCALES.json to `output`."""
+    from .plan.preflight import check_calibration, check_source_path
+
+    con = console or Console(quiet)
+    check_calibration(calib_data, calib_samples, calib_seq_len)  # 0 is refused, not taken for the default
+    check_source_path(src)  # these refusals come before torch and transformers are imported (issue 26)
+    if output:
+        check_json_output(output, "-o", (src if os.path.isdir(src) else None,))
     from .calibration import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
     from .calibration.entry import run_calibration
 
-    con = console or Console(quiet)
-    if output:
-        check_json_output(output, "-o", (src if os.path.isdir(src) else None,))
     dev = resolve_device(device)
     doc = run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN, dev,
                           _size(memory_budget, "--memory-budget"), revision, quiet, recipe, con.info)
@@ -93,3 +101,32 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
     (console or Console(quiet)).info(f"pushed {dst} to {record['url']} ({record['revision']}, commit {record['commit']}): "
                                      f"{record['files']} file(s), {human_bytes(record['bytes'])}")
     return record
+
+
+# --- quantize eval (issue 24): the accuracy as served; quantize_cli/eval/ -------------------------
+
+
+def eval(dst: str, source: str | None = None, data: str = "default", samples: int | None = None, seq_len: int | None = None,
+         device: str = "auto", json: str | None = None, max_ppl_increase: float | None = None, max_kl: float | None = None,
+         min_top1: float | None = None, weights_only: bool = False, quiet: bool = False, console: Console | None = None):
+    """``quantize eval``: measure `dst` as served (vs `source`); raise CheckFailed when a gate fails.
+
+    The result is printed (the last line: verdict and key numbers) and written to `json` either way."""
+    from .errors import CheckFailed
+    from .eval import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, run_eval
+    from .eval.progress import layer_bar
+
+    if json:
+        check_json_output(json, "--json", (dst if os.path.isdir(dst) else None, source if source and os.path.isdir(source) else None))
+    with layer_bar(quiet) as bar:
+        result = run_eval(dst, source=source, data=data, samples=samples or DEFAULT_SAMPLES, seq_len=seq_len or DEFAULT_SEQ_LEN,
+                          device=device, weights_only=weights_only, max_ppl_increase=max_ppl_increase, max_kl=max_kl,
+                          min_top1=min_top1, progress=bar)
+    print(result.to_text(), flush=True)  # its warnings included
+    if json:
+        write_json(json, result.to_json())
+    if not result.passed:
+        from .eval.report import gate_failure
+
+        raise CheckFailed(gate_failure(dst, result))
+    return result

@@ -56,7 +56,7 @@ def common(fn):
 
 
 class AlgoType(click.ParamType):
-    """Case-insensitive algorithm name (``fp8_pb_wo`` works; ``W8A16`` means INT8)."""
+    """Case-insensitive algorithm name (``fp8_pb_wo`` works; ``W8A16`` means INT8, ``W4A16`` INT4)."""
 
     name = "ALGO"
 
@@ -74,19 +74,47 @@ def calib_options(fn):
     return click.option("--calib-data", metavar="DATA", help="Calibrate static activation scales on DATA: default, FILE.jsonl, FILE.txt or a cached dataset id.")(fn)
 
 
-@click.group(context_settings=CONTEXT)
+def gate_options(fn):
+    """--max-ppl-increase, --max-kl, --min-top1: eval's gates (eval and convert --eval; eval/report.py)."""
+    fn = click.option("--min-top1", type=float, metavar="F", help="Gate: exit 1 if the top-1 agreement with SRC is below F (0..1).")(fn)
+    fn = click.option("--max-kl", type=float, metavar="X", help="Gate: exit 1 if the mean KL divergence from SRC exceeds X (nats).")(fn)
+    return click.option("--max-ppl-increase", type=float, metavar="PCT",
+                        help="Gate: exit 1 if perplexity rises more than PCT percent over SRC.")(fn)
+
+
+def examples(*lines: str) -> str:
+    """A help epilog listing example command lines (``\b`` keeps click from re-wrapping them)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+@click.group(context_settings=CONTEXT, epilog=examples(
+    "quantize convert example:tiny-llama -o /tmp/tiny-fp8 --algo FP8_PB_WO",
+    "quantize check meta-llama/Llama-3.1-8B-Instruct --algo NVFP4 --tp 2",
+    "quantize convert ./my-model -o out --algo NVFP4 --format compressed-tensors --calib-data default",
+    "quantize verify out --source ./my-model",
+    "",
+    "Getting started: docs/getting-started.md; every option: docs/cli.md.",
+))
 @click.version_option(__version__, prog_name="quantize")
 def main():
-    """Convert bf16 Hugging Face checkpoints to NVIDIA ModelOpt FP8 / NVFP4 / INT8 checkpoints."""
+    """Convert Hugging Face checkpoints (bf16 / fp16 / fp32 safetensors) into FP8, NVFP4, MXFP8 or INT8
+    checkpoints in the NVIDIA ModelOpt format (vLLM, TensorRT-LLM, SGLang) or the compressed-tensors
+    format (vLLM, transformers), streaming with bounded memory."""
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="Quantize checkpoint SRC into DST.", epilog=examples(
+    "quantize convert example:tiny-llama -o /tmp/tiny-fp8 --algo FP8_PB_WO",
+    "quantize convert ./my-model -o my-model-nvfp4 --algo NVFP4 --calib-data default",
+    "quantize convert ./bge-small -o bge-fp8 --algo FP8_PB_WO --format compressed-tensors   # transformers loads it",
+    "quantize convert ./my-model --algo FP8_PB_WO --exclude 'model.layers.0.*' --dry-run --strict"))
 @click.argument("src")
 @click.option("-o", "--output", "dst", metavar="DST", help="Output folder (written atomically).")
 @click.option("--algo", type=AlgoType(), required=True, help=f"One of {', '.join(ALGOS)}.")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep matching modules unquantized (fnmatch, vLLM semantics). Repeatable.")
 @click.option("--recipe", metavar="NAME|FILE", help="Recipe name or YAML file (default: by config.json model_type).")
-@click.option("--layout", type=click.Choice(["plain", "marlin", "cutlass", "flashinfer"]), default="plain", show_default=True)
+@click.option("--layout", type=click.Choice(["plain", "marlin", "cutlass", "flashinfer"]), default="plain", show_default=True,
+              help="plain: what every loader reads; marlin / cutlass / flashinfer: the weights pre-packed as that kernel "
+                   "reads them (no stock loader reads these; docs/layouts.md).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--kv-cache-dtype", type=click.Choice(["fp8"], case_sensitive=False), help="Mark the KV cache FP8 (no scale tensors).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (5GB, 500MB, ...).")
@@ -97,9 +125,12 @@ def main():
 @click.option("--report", metavar="FILE.json", help="Write a machine-readable report.")
 @click.option("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
+@click.option("--eval", "eval", is_flag=True, help="Run `quantize eval DST --source SRC` on the output before publishing it (calib extra).")
+@gate_options
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
-              help="mse: per group, the candidate scale with the least squared error (docs/accuracy.md); none: ModelOpt's bytes.")
+              help="mse: per group, the candidate scale with the least squared error, weighted by the activations with "
+                   "--calib-data / --act-scales (docs/accuracy.md); none: ModelOpt's bytes.")
 @calib_options
 @click.option("--act-scales", metavar="SCALES.json", help="Reuse activation scales made by `quantize calibrate` from this SRC.")
 @click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
@@ -114,6 +145,7 @@ def main():
               help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION (compressed-tensors: one config group per algorithm). Repeatable.")
 @click.option("--kernels", type=click.Choice(["auto", "triton", "torch"], case_sensitive=False), default="auto", show_default=True,
               help="auto: Triton on a GPU, the torch reference on the CPU; torch: the reference everywhere; triton: require Triton.")
+@click.option("--strict", is_flag=True, help="Warnings are errors: refuse (exit 1) before the first byte, as `check --strict`.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""
@@ -146,7 +178,9 @@ def _fast_exit() -> None:
         os._exit(0)
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="What converting SRC would do and break (headers only).", epilog=examples(
+    "quantize check meta-llama/Llama-3.1-8B-Instruct --algo FP8_PB_WO --tp 4",
+    "quantize check ./my-model --algo NVFP4 --exclude '*.k_proj' --json check.json --strict"))
 @click.argument("src")
 @click.option("--algo", type=AlgoType(), required=True, help=f"One of {', '.join(ALGOS)}.")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Exclude pattern to analyse (as convert takes it). Repeatable.")
@@ -157,7 +191,7 @@ def _fast_exit() -> None:
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
 @click.option("--format", "fmt", type=FORMAT, default="modelopt", show_default=True, help="Output format to check for.")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
-              help="Another algorithm for matching modules (--exclude's pattern rules); writes MIXED_PRECISION (compressed-tensors: one config group per algorithm). Repeatable.")
+              help="Another algorithm for matching modules (--exclude's pattern rules): checks the MIXED_PRECISION checkpoint convert would write (compressed-tensors: one config group per algorithm). Repeatable.")
 @common
 def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
@@ -171,7 +205,9 @@ def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, de
     _run(debug, go)
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="Check DST as vLLM / TensorRT-LLM would load it.", epilog=examples(
+    "quantize verify my-model-fp8",
+    "quantize verify my-model-fp8 --source ./my-model --json verify.json --strict"))
 @click.argument("dst")
 @click.option("--source", metavar="SRC", help="The original checkpoint: also report per-tensor error (SQNR).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the findings as JSON (docs/verify.md).")
@@ -188,7 +224,35 @@ def verify(dst, source, json_path, strict, quiet, debug):
     _run(debug, go)
 
 
-@main.command(context_settings=CONTEXT)
+@main.command("eval", context_settings=CONTEXT, short_help="Accuracy of DST as served, from its own bytes (a CI gate).", epilog=examples(
+    "quantize eval my-model-fp8 --source ./my-model",
+    "quantize eval my-model-nvfp4 --source ./my-model --max-ppl-increase 3 --min-top1 0.9 --json eval.json"))
+@click.argument("dst")
+@click.option("--source", metavar="SRC", help="The unquantized checkpoint: compare with it in the same pass (needed for the gates).")
+@click.option("--data", default="default", show_default=True, metavar="DATA",
+              help="default (held-out text shipped with the tool), FILE.txt, FILE.jsonl or a cached dataset id.")
+@click.option("--samples", type=click.IntRange(min=1), metavar="N", help="Eval samples (default 64).")
+@click.option("--seq-len", type=click.IntRange(min=2), metavar="L", help="Tokens per sample (default 512).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON (docs/accuracy.md, docs/ci.md).")
+@gate_options
+@click.option("--weights-only", is_flag=True, help="Activations and KV cache unquantized (weight-only kernels, e.g. NVFP4 on Hopper).")
+@common
+def eval_command(dst, source, data, samples, seq_len, device, json_path, max_ppl_increase, max_kl, min_top1, weights_only, quiet, debug):
+    """Measure converted checkpoint DST as the serving engine computes it (perplexity, KL, top-1 vs SRC)."""
+
+    def go():
+        from .api import eval as run
+
+        run(dst, source=source, data=data, samples=samples, seq_len=seq_len, device=device, json=json_path,
+            max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, weights_only=weights_only, quiet=quiet)
+
+    _run(debug, go)
+    _fast_exit()
+
+
+@main.command(context_settings=CONTEXT, short_help="A packed-layout checkpoint back to the plain one.", epilog=examples(
+    "quantize unpack my-model-marlin -o my-model-plain && quantize verify my-model-plain"))
 @click.argument("dst")
 @click.option("-o", "--output", required=True, metavar="PLAIN", help="Where to write the plain checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing PLAIN (only once the new one is complete).")
@@ -204,12 +268,13 @@ def unpack(dst, output, overwrite, quiet, debug):
     _run(debug, go)
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="A short summary of a checkpoint (headers only).", epilog=examples(
+    "quantize inspect example:tiny-llama", "quantize inspect my-model-fp8", "quantize inspect Qwen/Qwen3-8B"))
 @click.argument("path")
 @common
 @click.option("--revision", help="Hub revision when PATH is a repo id.")
 def inspect(path, quiet, debug, revision=None):
-    """A short summary of checkpoint PATH, a folder or Hub repo id (headers only): dtypes, sizes, quantization."""
+    """A short summary of checkpoint PATH, a folder, Hub repo id or example:NAME (headers only): dtypes, sizes, quantization."""
 
     def go():
         from .inspect_checkpoint import inspect_checkpoint
@@ -219,7 +284,8 @@ def inspect(path, quiet, debug, revision=None):
     _run(debug, go)
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="Upload finished DST to a Hub repo (resumable).", epilog=examples(
+    "quantize push my-model-fp8 me/my-model-FP8", "quantize push my-model-fp8 me/my-model-FP8 --private --revision-out v1"))
 @click.argument("dst")
 @click.argument("repo_id")
 @click.option("--private", is_flag=True, help="Create the repo private.")
@@ -237,7 +303,8 @@ def push(dst, repo_id, private, revision_out, json_path, quiet, debug):
     _run(debug, go)
 
 
-@main.group(context_settings=CONTEXT, invoke_without_command=True)
+@main.group(context_settings=CONTEXT, invoke_without_command=True, short_help="List the shipped recipes, or show one.",
+            epilog=examples("quantize recipes list", "quantize recipes show qwen3_moe"))
 @click.pass_context
 def recipes(ctx):
     """List the shipped recipes, or show one."""
@@ -250,9 +317,10 @@ def recipes_list():
     """One line per shipped recipe: name, model types, description."""
     from .modules.recipe import builtin_names, load_recipe
 
-    for name in builtin_names():
-        r = load_recipe(name)
-        click.echo(f"{name:<14} {','.join(r.model_types) or '-':<28} {r.description}")
+    rows = [(name, ", ".join(r.model_types) or "-", r.description) for name in builtin_names() for r in [load_recipe(name)]]
+    widths = [max(len(row[i]) for row in rows + [("RECIPE", "MODEL TYPES", "")]) for i in (0, 1)]
+    for name, types, description in [("RECIPE", "MODEL TYPES", "DESCRIPTION"), *rows]:
+        click.echo(f"{name:<{widths[0]}}  {types:<{widths[1]}}  {description}")
 
 
 @recipes.command("show")
@@ -273,10 +341,12 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(context_settings=CONTEXT, short_help="Measure activation scales of SRC into SCALES.json.", epilog=examples(
+    "quantize calibrate ./my-model -o scales.json --calib-data default",
+    "quantize convert ./my-model -o out --algo NVFP4 --act-scales scales.json"))
 @click.argument("src")
 @click.option("--calib-data", default="default", show_default=True, metavar="DATA", help="default, FILE.jsonl, FILE.txt or a cached dataset id.")
-@click.option("-o", "--output", metavar="SCALES.json", required=True, help="Where to write the measured amax (docs/calibration.md).")
+@click.option("-o", "--output", metavar="SCALES.json", required=True, help="Where to write the measured amax and E[x^2] (docs/calibration.md).")
 @click.option("--calib-samples", type=int, metavar="N", help="Calibration samples (default 128).")
 @click.option("--calib-seq-len", type=int, metavar="L", help="Tokens per sample (default 512).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")

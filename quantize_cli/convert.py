@@ -9,6 +9,7 @@
     executor.produce     the bytes: local (run/local.py) or Ray (run/ray_executor.py), the same way
     WorkFolder.finish    shards checked, index, the format's documents, sidecars
     --verify             the work folder read back as a loader would (refused: DST never appears)
+    --eval               the work folder's accuracy as served, vs SRC (eval/); a failed gate: DST never appears
     card, seal, commit   the model card, the identity and digests, the rename to DST
     follow-ups           the report, --push-to-hub
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from . import __version__  # noqa: F401  (the report names it)
 from .checkpoint.durable import write_json
 from .console import Console
+from .devices import device_label
 from .errors import CheckFailed, DestinationError, QuantizeError
 from .output.identity import RunIdentity
 from .console import human_bytes
@@ -34,11 +36,13 @@ from .output.workfolder import WorkFolder, finished_dst
 from .plan.build import Plan
 from .plan.options import Checked, ConvertOptions
 from .plan.output_paths import check_json_output
+from .plan.preflight import check_source_path
 from .plan.steps import check_options, make_plan, print_plan, raise_problems
-from .devices import device_label
 from .run import prefetch, startup
 from .run.context import RunContext
 from .run.options import RunChecked, check_run_options, resolve_run
+
+_GATES = ("max_ppl_increase", "max_kl", "min_top1")  # --eval's gates: eval.GATES (not imported: eval pulls torch in later)
 
 
 @dataclass
@@ -78,10 +82,19 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     try:
         ok = check_options(opts)  # usage errors, in the first second, before anything is read
         how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
+        if opts.eval or any(getattr(opts, g) is not None for g in _GATES):
+            from .eval import check_convert_eval
+
+            check_convert_eval(opts.eval, {g: getattr(opts, g) for g in _GATES})
+        check_source_path(opts.src)  # SRC exists (a folder, an example, a Hub id): after every usage error
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
         preflight(opts, finished)
-        how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
-        startup.begin(how, opts, finished)  # the device warms up, or Ray and its workers start, while we plan
+        # torch (the device) only once every refusal that needs no tensor data is said (issue 26), unless
+        # the device is needed before the plan: calibration runs on it, a Hub SRC is downloaded next
+        early = ok.on_hub or any(v is not None for v in (opts.calib_data, opts.act_scales))
+        if early:
+            how = resolve_run(how, opts, ok.format)
+        startup.begin(how, opts, finished)  # Ray and its workers start (the driver needs no torch), or a resolved device warms up, while we plan
         plan = make_plan(opts, ok, con, how.first_device)
     except QuantizeError as exc:  # "written on failure too": a refused option or SRC as well
         _report_refusal(opts, report, exc)
@@ -89,36 +102,40 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     identity = RunIdentity.of(opts, plan)
     options = {**identity.report_options(), **_run_settings(opts, how)}
     timings = {"plan_s": time.perf_counter() - t0}
-    if opts.dry_run:
-        try:
-            print_plan(plan)
-        except QuantizeError as exc:
-            report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
-            raise
-        return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
     try:
-        raise_problems(plan)
+        if opts.dry_run:
+            print_plan(plan, opts.strict)
+        raise_problems(plan, opts.strict, getattr(con, "warned", ()))
+        if not early:
+            how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
+            options = {**identity.report_options(), **_run_settings(opts, how)}
     except QuantizeError as exc:
         report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
         raise
+    if opts.dry_run:
+        return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
+    if not early:
+        startup.warm(how)  # the CUDA context and the kernels of each device, beside the work folder's start
     if finished:
         path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
         verified = _verify(path, opts, ok, con) if opts.verify else None
+        evaluated = _eval(path, _eval_source(opts, ok), opts, how, con) if opts.eval else None
         doc = run_report(plan, options, None, timings, path, status="already-complete")
-        return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con))
+        return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
     for w in plan.warnings:
         con.warn(w)
+    for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
+        con.info(note)
     try:
-        work, stats, verified = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
+        work, stats, verified, evaluated = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     doc = run_report(plan, options, stats, timings, work.dst)
     for part in ("ray", "devices"):  # where each shard was written: Ray workers, or the devices of --device a,b
         if getattr(stats, part, None):
             doc[part] = getattr(stats, part)
-    result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con))
-    rate = plan.bytes_in / 1e9 / timings["total_s"] if timings["total_s"] else 0
-    speed = f", {rate:.2f} GB/s of input" if plan.bytes_in >= 1e8 else ""
+    result = ConvertResult(plan, work.dst, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
+    speed = f" ({human_bytes(plan.bytes_in / timings['total_s'])}/s of input)" if timings["total_s"] else ""  # MB/s for a tiny run
     con.info(f"wrote {work.dst}: {human_bytes(plan.source.total_bytes)} in -> {human_bytes(plan.bytes_out)} out "
              f"({plan.source.total_bytes / max(plan.bytes_out, 1):.2f}x smaller) in {len(plan.shard_names)} shard(s), "
              f"{timings['total_s']:.1f} s{speed}" + (f"; pushed to {doc['publish']['url']}" if "publish" in doc else ""))
@@ -148,6 +165,10 @@ def preflight(opts: ConvertOptions, finished: bool) -> None:
     if opts.report:  # never over SRC's or DST's files, a device, a folder or a file that is not a report
         check_json_output(opts.report, "--report", (src if os.path.isdir(src) else None, dst))
     check_push_options(opts.push_to_hub, opts.private, opts.revision_out)
+    if opts.push_to_hub and not opts.dry_run:  # the token and write access, before the first byte (network)
+        from .output.publish import check_push_access
+
+        check_push_access(opts.push_to_hub)
 
 
 def _run_settings(opts: ConvertOptions, how: RunChecked) -> dict:
@@ -201,6 +222,11 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
             verified = _verify_before_publishing(work, opts.src if on_disk else None, plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        evaluated = None
+        if opts.eval:
+            t1 = time.perf_counter()
+            evaluated = _eval(work.partial, _eval_source(opts, ok), opts, how, con, work)
+            timings["eval_s"] = time.perf_counter() - t1
         facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
         work.write_card(card_text(work.partial, facts, opts.push_to_hub))
         work.seal(identity, plan)
@@ -220,7 +246,38 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
     except BaseException:
         work.discard()
         raise
-    return work, stats, verified
+    return work, stats, verified, evaluated
+
+
+def _eval_source(opts: ConvertOptions, ok: Checked) -> str | None:
+    """The source --eval compares with: SRC, unless only its headers are on disk (--low-disk, Ray from the Hub)."""
+    return None if opts.low_disk or (opts.executor == "ray" and ok.on_hub) else opts.src
+
+
+def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console, work: WorkFolder | None = None):
+    """convert --eval: `quantize eval` of `folder` against `src` on the run's device. A failed gate
+    refuses the run: a work folder is kept beside DST (``DST.eval-failed``), never published."""
+    from .eval import run_eval
+    from .eval.progress import layer_bar
+    from .eval.report import gate_failure
+
+    limits = {g: getattr(opts, g) for g in _GATES}
+    if src is None and any(v is not None for v in limits.values()):
+        raise CheckFailed(f"--eval: {opts.src} is not on disk here (--low-disk or Ray workers read it), so the gates have nothing "
+                          "to compare with; run `quantize eval DST --source SRC` with them instead")
+    with layer_bar(opts.quiet) as bar:
+        result = run_eval(folder, source=src, device=how.device, progress=bar, **limits)
+    result.dst = opts.dst  # the text and the report name DST, not the work folder it was measured in
+    if opts.quiet:
+        for w in result.warnings:
+            con.warn(w)
+    con.info(result.to_text())  # its warnings included
+    if not result.passed:
+        if work is not None:
+            kept = work.set_aside("eval-failed")
+            raise CheckFailed(gate_failure(opts.dst, result) + f"; the output is kept at {kept} for inspection, DST was not written")
+        raise CheckFailed(gate_failure(opts.dst, result))
+    return result
 
 
 def _with_hub_sidecars(plan, work, hub):
@@ -293,12 +350,14 @@ def _say_verified(res, con: Console) -> None:
     con.info(f"verify: OK ({len(res.quantized)} quantized modules{detail})")
 
 
-def _follow_ups(opts: ConvertOptions, plan: Plan, doc: dict, verified, report: _Report, con: Console) -> dict:
-    """After a fresh output and after "already complete" alike: --verify's outcome, the report, --push-to-hub."""
+def _follow_ups(opts: ConvertOptions, plan: Plan, doc: dict, verified, report: _Report, con: Console, evaluated=None) -> dict:
+    """After a fresh output and after "already complete" alike: --verify's and --eval's outcomes, the report, --push-to-hub."""
     if verified is not None:  # --verify's outcome, as the card states it
         from .output.card import verify_summary
 
         doc["verify"] = verify_summary(verified, lambda m: plan.scheme_of(m).algo)
+    if evaluated is not None:  # --eval's result, as `quantize eval --json` writes it
+        doc["eval"] = evaluated.to_json()
     report.write(doc)
     if opts.push_to_hub:
         from .output.publish import push_after_convert

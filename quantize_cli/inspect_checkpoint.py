@@ -18,6 +18,10 @@ from .console import human_bytes
 
 def inspect_checkpoint(path: str, revision: str | None = None) -> str:
     """Model type, shards, tensors by dtype (count and bytes), and any quantization config."""
+    if path.startswith("example:"):  # the embedded examples, as convert and check take them
+        from .checkpoint.examples import example_path
+
+        return inspect_checkpoint(example_path(path.split(":", 1)[1])).replace(example_path(path.split(":", 1)[1]), path, 1)
     if os.path.isdir(path):
         shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if not shards:
@@ -29,7 +33,7 @@ def inspect_checkpoint(path: str, revision: str | None = None) -> str:
         from .repo_id import is_repo_id
 
         if os.path.exists(path) or path.startswith((".", "/", "~")) or not is_repo_id(path):
-            raise SourceError(f"{path}: not a folder or a Hub repo id (owner/name); inspect takes a checkpoint folder or repo id")
+            raise SourceError(f"{path}: not a folder, a Hub repo id (owner/name) or example:NAME; inspect takes a checkpoint")
         config, tensors, shards, nested = _hub(path, revision)
         infos = list(tensors.values())
     return summary(path, len(shards), infos, config, nested)
@@ -57,11 +61,11 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
         by_dtype[t.dtype][0] += 1
         by_dtype[t.dtype][1] += t.nbytes
         total += t.nbytes
-    lines = [f"{label}: {n_shards} shard(s), {sum(c for c, _ in by_dtype.values())} tensors, {human_bytes(total)}"]
+    lines = [f"{label}: {count(n_shards, 'shard')}, {count(sum(c for c, _ in by_dtype.values()), 'tensor')}, {human_bytes(total)}"]
     if config:
         lines.append(f"model_type {config.get('model_type')!r}, {config.get('num_hidden_layers')} layers, "
                      f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
-    lines += [f"  {dtype:<8} {count:>6} tensors  {human_bytes(size)}" for dtype, (count, size) in sorted(by_dtype.items())]
+    lines += [f"  {dtype:<8} {n:>6} tensor{'s' if n != 1 else ' '}  {human_bytes(size)}" for dtype, (n, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
     from .formats import COMPRESSED_TENSORS, format_of_config
 
@@ -71,7 +75,7 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
         q = (nested or {}).get("quantization") or quant or {}
         excl = q.get("exclude_modules", q.get("ignore", []))
         lines.append(f"quantized: quant_algo {q.get('quant_algo')!r}, kv cache {q.get('kv_cache_quant_algo', (quant or {}).get('kv_cache_scheme'))!r}, "
-                     f"{len(excl)} exclusion(s), producer {((nested or quant or {}).get('producer') or {}).get('name')!r}")
+                     f"{count(len(excl), 'exclusion')}, producer {((nested or quant or {}).get('producer') or {}).get('name')!r}")
         layout = ((nested or {}).get("converter") or {}).get("layout")
         if layout:
             lines.append(f"packed layout {layout.get('name')!r} (quantize unpack turns it back into the plain format)")
@@ -86,7 +90,12 @@ def ct_summary(quant: dict) -> str:
 
     return (f"quantized: compressed-tensors, preset {describe(quant)}, "
             f"format {quant.get('format')!r}, kv cache {'fp8' if quant.get('kv_cache_scheme') else None}, "
-            f"{len(quant.get('ignore') or [])} ignore entr(ies), status {quant.get('quantization_status')!r}")
+            f"{count(len(quant.get('ignore') or []), 'ignore entry', 'ignore entries')}, status {quant.get('quantization_status')!r}")
+
+
+def count(n: int, one: str, many: str | None = None) -> str:
+    """``count(1, "shard") == "1 shard"``, ``count(3, "ignore entry", "ignore entries") == "3 ignore entries"``."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _json(path: str) -> dict | None:

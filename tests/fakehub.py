@@ -1,13 +1,14 @@
 """A fake Hugging Face Hub on 127.0.0.1: just the endpoints huggingface_hub's uploads call.
 
-Serves ``create_repo``, ``create_branch``, ``preupload``, the LFS batch API with basic single-PUT
-transfers, and ``commit`` (ndjson). It stores what a commit would make visible: per repo, per
+Serves ``whoami``, ``auth_check(write=True)``, ``create_repo``, ``create_branch``, ``preupload``,
+the LFS batch API with basic single-PUT transfers, and ``commit`` (ndjson). It stores what a commit would make visible: per repo, per
 branch, ``{path: bytes}``, plus the LFS objects by sha256. Every request is logged with the
 Authorization header it carried, so tests can check the token was sent (and never echoed).
 
 Faults: ``drop_puts`` (file names whose LFS PUT gets its connection dropped without a response),
 ``echo_token_status`` (answer every API call with this HTTP status and a body quoting the token,
-as a hostile proxy might). ``lfs_paths``: which files the server asks to be sent through LFS
+as a hostile proxy might), ``commit_status`` (answer commits with this HTTP status: the Hub failing
+after the access checks passed). ``lfs_paths``: which files the server asks to be sent through LFS
 (``*.safetensors`` by default, as the Hub does); everything else is committed inline.
 
 The server runs on daemon threads, refuses bodies over 64 MB, and shuts itself down after
@@ -35,9 +36,14 @@ class FakeHub:
         self.puts: list[str] = []  # LFS object names PUT successfully, in order
         self.drop_puts: set[str] = set()
         self.echo_token_status: int | None = None
+        self.commit_status: int | None = None
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit oid
         self.validated_yaml: list[str] = []  # card metadata sent to /api/validate-yaml
         self.lfs_paths = tuple(lfs_paths)
+        # whoami-v2's answer for any token; `read_only` repos refuse the write check (403)
+        self.whoami = {"name": "me", "orgs": [{"name": "team", "roleInOrg": "write"}],
+                       "auth": {"type": "access_token", "accessToken": {"role": "write"}}}
+        self.read_only: set[str] = set()
         self._lock = threading.Lock()
         self._pending: dict[str, str] = {}  # sha256 -> file name (for faults and logs)
         handler = type("Handler", (_Handler,), {"hub": self})
@@ -76,9 +82,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise ValueError("body too large")
         return self.rfile.read(n) if n else b""
 
-    def _send(self, status: int, doc=None) -> None:
+    def _send(self, status: int, doc=None, headers: dict | None = None) -> None:
         data = json.dumps(doc if doc is not None else {}).encode()
         self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -124,6 +132,8 @@ class _Handler(BaseHTTPRequestHandler):
             if action == "preupload":
                 return self._preupload(repo, rev, json.loads(body))
             if action == "commit":
+                if hub.commit_status:
+                    return self._send(hub.commit_status, {"error": "Service Unavailable"})
                 return self._commit(repo, rev, body)
         if path.endswith(".git/info/lfs/objects/batch"):
             return self._batch(json.loads(body))
@@ -132,6 +142,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self._log()
         parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if self.hub.echo_token_status and parts[:1] == ["api"]:
+            return self._send(self.hub.echo_token_status, {"error": f"rejected credentials {self.headers.get('Authorization')}"})
+        if parts == ["api", "whoami-v2"]:
+            if not self.headers.get("Authorization"):
+                return self._send(401, {"error": "Invalid credentials in Authorization header"})
+            return self._send(200, self.hub.whoami)
+        if parts[:2] == ["api", "models"] and parts[4:] == ["auth-check", "write"]:  # HfApi.auth_check(write=True)
+            repo = f"{parts[2]}/{parts[3]}"
+            if repo not in self.hub.repos:
+                return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+            if repo in self.hub.read_only:
+                return self._send(403, {"error": "You don't have write access"}, {"X-Error-Message": "no write access"})
+            return self._send(200, {})
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
             repo, rev = f"{parts[2]}/{parts[3]}", "/".join(parts[5:])
             if repo in self.hub.repos and rev in self.hub.repos[repo]["branches"]:

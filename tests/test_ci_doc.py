@@ -1,5 +1,6 @@
 """docs/ci.md is a pipeline a user can copy: its shell script and its report gate run as written."""
 
+import json
 import os
 import re
 import subprocess
@@ -20,15 +21,20 @@ def test_the_shell_script_and_the_gate_publish_a_verified_checkpoint(tmp_path):
     gate = re.search(r"python - <<'EOF'\n(.*?)\n\s*EOF", blocks("yaml")[0], flags=re.S).group(1)
     gate = "\n".join(line[10:] for line in gate.splitlines())  # the YAML block's indentation
     (tmp_path / "quantize.sh").write_text(script)
+    # example:tiny-llama has no tokenizer: eval reads token ids (its vocabulary is 512)
+    (tmp_path / "eval.jsonl").write_text("".join(f'{{"input_ids": {[(k * 37 + i * 11) % 512 for i in range(32)]}}}\n' for k in range(3)))
     server = FakeHub().start()
     try:
         bindir = os.path.dirname(sys.executable)
         env = {**os.environ, "HF_ENDPOINT": server.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1",
-               "HF_HOME": str(tmp_path / "hf"), "WORK": str(tmp_path / "w"), "PATH": f"{bindir}:{os.environ['PATH']}"}
+               "HF_HOME": str(tmp_path / "hf"), "WORK": str(tmp_path / "w"), "PATH": f"{bindir}:{os.environ['PATH']}",
+               "EVAL_DATA": str(tmp_path / "eval.jsonl")}
         run = subprocess.run(["bash", str(tmp_path / "quantize.sh"), "example:tiny-llama", "FP8_PB_WO", "me/tiny-FP8"],
                              capture_output=True, text=True, env=env, timeout=300)
         assert run.returncode == 0, run.stderr
         out = tmp_path / "w" / "out"
+        ev = json.loads((tmp_path / "w" / "eval.json").read_text())
+        assert ev["ok"] and [g["name"] for g in ev["gates"]] == ["max_ppl_increase", "max_kl"] and ev["metrics"]["positions"] == 93
         assert server.files("me/tiny-FP8") == {f: (out / f).read_bytes() for f in os.listdir(out) if not f.startswith(".")}
         g = subprocess.run([sys.executable, "-"], input=gate, capture_output=True, text=True, cwd=tmp_path / "w", timeout=60)
         assert g.returncode == 0 and g.stdout.startswith("ok: "), g.stdout + g.stderr

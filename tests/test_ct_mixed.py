@@ -138,6 +138,10 @@ CASES = {  # bench/ct_vllm_mixed_decisions.py
     "moe-FP8_PER_CHANNEL_PER_TOKEN-experts-W4A16_NVFP4": ("moe", "FP8_PER_CHANNEL_PER_TOKEN", "*experts*=W4A16_NVFP4"),
     "moe-W4A16_NVFP4-experts-FP8": ("moe", "W4A16_NVFP4", "*experts*=FP8"),
     "moe-FP8-experts-FP8_PB_WO": ("moe", "FP8", "*experts*=FP8_PB_WO"),
+    "llama-INT4-attn-MXFP8": ("llama", "INT4", "self_attn*=MXFP8"),
+    "moe-FP8_PB_WO-experts-INT4": ("moe", "FP8_PB_WO", "*experts*=INT4"),
+    "moe-INT4_ASYM-experts-NVFP4": ("moe", "INT4_ASYM", "*experts*=NVFP4"),
+    "moe-INT4-experts-INT4_ASYM": ("moe", "INT4", "*experts*=INT4_ASYM"),
 }
 
 

@@ -36,11 +36,20 @@ def test_torch_reference_on_cuda_equals_cpu(algo):
     ("tiny-qwen3-moe", "NVFP4", "flashinfer"),
     ("tiny-llama", "MXFP8", "plain"), ("tiny-qwen3-moe-fused", "MXFP8", "plain"), ("tiny-llama", "MXFP8", "marlin"),
     ("tiny-qwen3-moe", "MXFP8", "marlin"),
+    ("tiny-llama", "INT4", "plain"), ("tiny-qwen3-moe-fused", "INT4", "plain"), ("tiny-llama", "INT4", "marlin"),
 ])
 def test_conversion_on_cuda_equals_cpu(tmp_path, example, algo, layout):
     convert(f"example:{example}", str(tmp_path / "cpu"), algo=algo, layout=layout, device="cpu", quiet=True)
     convert(f"example:{example}", str(tmp_path / "gpu"), algo=algo, layout=layout, device="cuda", quiet=True)
     assert files(tmp_path / "cpu") == files(tmp_path / "gpu")
+
+
+@pytest.mark.parametrize("example,algo", [("tiny-llama", "INT4"), ("tiny-llama", "INT4_ASYM"), ("tiny-qwen3-moe", "INT4_ASYM")])
+def test_compressed_tensors_int4_on_cuda_equals_cpu(tmp_path, example, algo):
+    """pack-quantized INT4 on the GPU (the torch reference in the weight dtype) gives llm-compressor's CPU bytes."""
+    for dev in ("cpu", "cuda"):
+        convert(f"example:{example}", str(tmp_path / dev), algo=algo, format="compressed-tensors", device=dev, quiet=True)
+    assert files(tmp_path / "cpu") == files(tmp_path / "cuda")
 
 
 @pytest.mark.parametrize("example,algo,rule", [

@@ -27,7 +27,7 @@ def test_inspect_a_hub_repo_from_headers_alone(fake_hub, monkeypatch):  # noqa: 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     r = CliRunner().invoke(main, ["inspect", "someone/tiny-llama"])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[0].startswith("someone/tiny-llama: 4 shard(s), ")
+    assert r.output.splitlines()[0].startswith("someone/tiny-llama: 4 shards, ")
     assert r.output.splitlines()[1:] == inspect_checkpoint(local).splitlines()[1:]  # same summary as the folder's
     assert state["weights_downloaded"] == 0 and sorted(fetched) == ["config.json", "hf_quant_config.json"]
 
@@ -45,9 +45,9 @@ def test_inspect_a_quantized_hub_repo(fake_hub, tmp_path):  # noqa: F811
 
 
 def test_inspect_refuses_what_is_neither_folder_nor_repo_id(tmp_path):
-    with pytest.raises(SourceError, match="not a folder or a Hub repo id"):
+    with pytest.raises(SourceError, match="not a folder, a Hub repo id"):
         inspect_checkpoint(str(tmp_path / "missing"))
-    with pytest.raises(SourceError, match="not a folder or a Hub repo id"):
+    with pytest.raises(SourceError, match="not a folder, a Hub repo id"):
         inspect_checkpoint("just-a-name")
 
 

@@ -2,9 +2,8 @@
 command line and the files written, plus the defects the feature-interaction matrix found (M1-M3,
 tests/matrix/known.py).
 
-Every test here fails today and is a strict xfail naming its defect (``raises=AssertionError``: only
-a failed assertion counts, a crash still fails). The fix turns it into an XPASS error; then delete
-the mark. The source is ``example:tiny-llama``; SCALES.json is made once per session
+Each was written first as a strict xfail naming its defect and failed; the redesign fixed them all,
+so none is marked now: a regression fails here. The source is ``example:tiny-llama``; SCALES.json is made once per session
 (``example_scales``, tests/conftest.py)."""
 
 from __future__ import annotations
@@ -124,10 +123,11 @@ def test_report_gives_each_module_its_own_input_scale(tmp_path, example_scales):
 def test_resume_of_a_finished_output_still_pushes(hub, tmp_path):
     out, report = tmp_path / "out", tmp_path / "report.json"
     cmd = ("convert", EX, "-o", out, "--algo", "FP8_PB_WO", *CPU, "-q", "--push-to-hub", "me/tiny", "--report", report)
-    hub.echo_token_status = 503  # the Hub is down for the first push
+    hub.commit_status = 503  # the access check passes, then the Hub fails the first push's commit
     first = invoke(*cmd)
-    assert first.exit_code == 1 and "503" in first.stderr and out.is_dir()  # converted, not pushed
-    hub.echo_token_status = None
+    assert first.exit_code == 1 and "503" in first.stderr and out.is_dir(), first.stderr  # converted, not pushed
+    assert "me/tiny" not in hub.repos or not hub.files("me/tiny")
+    hub.commit_status = None
     ok(*cmd, "--resume")
     assert "me/tiny" in hub.repos and hub.files("me/tiny") == public_files(out)
     assert json.load(open(report)).get("publish", {}).get("status") == "ok"

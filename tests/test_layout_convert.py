@@ -95,11 +95,36 @@ def test_semantics_packed_operands_compute_the_plain_weight(tiny_llama, tmp_path
         assert torch.allclose(kernel_view, ref, rtol=rtol, atol=0), m
 
 
-def test_no_byte_movement_is_said_and_written_plain(tiny_llama, tmp_path):
-    res = convert(tiny_llama, str(tmp_path / "c"), algo="FP8", layout="cutlass", quiet=True)
+# Every (layout, algo) whose dense kernel reads the plain bytes: one rule for all of them (issue 26;
+# CUTLASS INT8 and FP8_PER_CHANNEL_PER_TOKEN used to be refused while FP8 / FP8_PB_WO warned).
+NO_BYTES_MOVE = [("cutlass", "FP8"), ("cutlass", "FP8_PER_CHANNEL_PER_TOKEN"), ("cutlass", "INT8"),
+                 ("flashinfer", "FP8")]
+
+
+@pytest.mark.parametrize("layout,algo", NO_BYTES_MOVE)
+def test_no_byte_movement_is_said_and_written_plain(tiny_llama, tmp_path, layout, algo):
+    assert layouts.support(layout, algo).rule == "layout-no-bytes-move"
+    res = convert(tiny_llama, str(tmp_path / "c"), algo=algo, layout=layout, quiet=True)
     assert any("no bytes move" in w and "writing the plain layout" in w for w in res.plan.warnings)
-    convert(tiny_llama, str(tmp_path / "p"), algo="FP8", quiet=True)
+    convert(tiny_llama, str(tmp_path / "p"), algo=algo, quiet=True)
     assert files(tmp_path / "c") == files(tmp_path / "p")
+    with pytest.raises(PlanError, match="--strict") as exc:  # the warning refuses under --strict, before any byte
+        convert(tiny_llama, str(tmp_path / "s"), algo=algo, layout=layout, quiet=True, strict=True)
+    assert any("writing the plain layout" in d for d in exc.value.details)
+    assert not os.path.exists(tmp_path / "s")
+
+
+def test_no_byte_movement_packs_moe_stacks_where_a_kernel_has_them_and_refuses_them_where_none(make_checkpoint, tmp_path):
+    """The same rule on an MoE model: CUTLASS FP8 packs the expert stacks (dense written plain);
+    CUTLASS INT8 has no MoE kernel, so its experts are refused by name, as any layout refuses them."""
+    cfg = qwen3_moe_config()
+    src = make_checkpoint(qwen3_moe_tensors(cfg), cfg, name="moe")
+    res = convert(src, str(tmp_path / "fp8"), algo="FP8", layout="cutlass", quiet=True)
+    assert any(k.endswith("w13_weight_cutlass") for k in tensors(tmp_path / "fp8"))
+    assert not any("writing the plain layout" in w for w in res.plan.warnings)
+    with pytest.raises(PlanError) as exc:
+        convert(src, str(tmp_path / "int8"), algo="INT8", layout="cutlass", quiet=True)
+    assert exc.value.details and all("mlp.experts" in d and "no cutlass MoE kernel for INT8" in d for d in exc.value.details)
 
 
 def test_unsupported_combinations_are_refused_with_the_reason(tiny_llama, tmp_path):

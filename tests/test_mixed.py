@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from quantize_cli.api import check
 from tests.conftest import convert
 from quantize_cli.cli import main
-from quantize_cli.errors import PlanError, UsageError
+from quantize_cli.errors import PlanError, QuantizeError, UsageError
 from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.modules.classify import definition_order
 from quantize_cli.verify import verify_checkpoint
@@ -101,8 +101,10 @@ def test_verify_checks_each_layer_against_its_own_algorithm(tiny_llama, tmp_path
     del layers["model.layers.1.mlp.down_proj"]  # quantized tensors, unlisted
     layers["model.layers.0.extra_proj"] = {"quant_algo": "NVFP4", "group_size": 16}  # listed, absent
     _json.dump(doc, open(path, "w"))
-    codes = {f.code for f in verify_checkpoint(str(tmp_path / "mix")).errors}
-    assert {"tensors", "mixed-unlisted", "mixed-listed"} <= codes
+    errors = verify_checkpoint(str(tmp_path / "mix")).errors
+    assert {"contradiction", "mixed-unlisted", "mixed-listed"} <= {f.code for f in errors}
+    (wrong,) = [f for f in errors if f.code == "contradiction"]  # its tensors are FP8_PB_WO's, as written
+    assert wrong.subject.startswith("model.layers.0.self_attn.o_proj.") and "FP8_PB_WO's layout" in wrong.message
 
 
 def test_split_fused_group_and_moe_layer_are_refused_naming_the_pattern(make_checkpoint, tiny_llama, tmp_path):
@@ -168,3 +170,24 @@ def test_cli_algo_for(tiny_llama, tmp_path):
     assert r.exit_code == 2 and "PATTERN=ALGO" in r.output
     r = CliRunner().invoke(main, ["check", str(tiny_llama), "--algo", "NVFP4", "--algo-for", "self_attn*=FP8_PB_WO"])
     assert r.exit_code == 0 and "FP8_PB_WO" in r.output
+
+
+def test_a_fully_shadowed_rule_warns_and_fails_under_strict(tiny_llama, tmp_path):
+    """First match wins: a rule all of whose modules an earlier rule (or several together) takes is
+    never used. It was dropped without a word (issue 26); now it warns, as an unmatched one does."""
+    shadowed = ["self_attn*=FP8_PB_WO", "*q_proj=MXFP8"]
+    res = check(tiny_llama, "NVFP4", algo_for=shadowed, quiet=True)
+    (finding,) = [f for f in res.findings if f.code == "pattern-shadowed"]
+    assert finding.level == "warning" and finding.subject == "*q_proj"
+    assert "--algo-for '*q_proj=MXFP8' is shadowed" in finding.message and "--algo-for 'self_attn*=FP8_PB_WO'" in finding.message
+    together = check(tiny_llama, "NVFP4", algo_for=["*layers.0.*=FP8_PB_WO", "*layers.1.*=FP8_PB_WO", "*o_proj=MXFP8"], quiet=True)
+    assert [f.subject for f in together.findings if f.code == "pattern-shadowed"] == ["*o_proj"]
+    partly = check(tiny_llama, "NVFP4", algo_for=["*layers.0.self_attn*=FP8_PB_WO", "*self_attn*=MXFP8"], quiet=True)
+    assert not [f for f in partly.findings if f.code == "pattern-shadowed"]  # it still decides layer 1
+    with pytest.raises(QuantizeError, match="--strict"):
+        check(tiny_llama, "NVFP4", algo_for=shadowed, strict=True, quiet=True)
+    with pytest.raises(PlanError, match="--strict") as exc:
+        run(tiny_llama, tmp_path / "o", "NVFP4", algo_for=shadowed, strict=True)
+    assert any("is shadowed" in d for d in exc.value.details) and not (tmp_path / "o").exists()
+    res = run(tiny_llama, tmp_path / "w", "NVFP4", algo_for=shadowed)  # without --strict: converts, and says so
+    assert any("is shadowed" in w for w in res.plan.warnings)

@@ -42,6 +42,11 @@ def no_xet(monkeypatch):
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
 
 
+def uploads(hub):
+    """The requests that change something (everything but the access checks made before converting)."""
+    return [r for r in hub.requests if not (r["method"] == "GET" and r["path"].startswith(("/api/whoami-v2", "/api/models/")))]
+
+
 def local_files(folder):
     return {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder) if not f.startswith(".")}
 
@@ -102,7 +107,7 @@ def test_a_failed_conversion_never_uploads(hub, make_checkpoint, tmp_path):
     src = make_checkpoint(tensors, cfg)
     with pytest.raises(NumericsError):
         convert(src, str(tmp_path / "o"), algo="FP8", push_to_hub="me/m", quiet=True)
-    assert hub.requests == [] and not os.path.exists(tmp_path / "o")
+    assert uploads(hub) == [] and not os.path.exists(tmp_path / "o")
 
 
 def test_publishing_flags_are_checked_before_anything_runs(hub, tiny_llama, tmp_path):
@@ -211,4 +216,50 @@ def test_a_failed_verify_never_uploads(hub, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setattr(verify_mod, "verify_checkpoint", failing)
     with pytest.raises(CheckFailed, match="--verify found 1 error"):
         convert(tiny_llama, str(tmp_path / "o"), algo="FP8_PB_WO", verify=True, push_to_hub="me/m", quiet=True)
-    assert hub.requests == [] and not os.path.exists(tmp_path / "o")
+    assert uploads(hub) == [] and not os.path.exists(tmp_path / "o")
+
+
+# -- access checked before the first byte (issue 26) ------------------------------------------------
+
+
+def test_access_is_checked_before_converting(hub, tiny_llama, tmp_path, monkeypatch):
+    """No token, a token the Hub rejects, a read-only token, someone else's namespace, a repo this
+    user may not write: each refused before anything is converted (DST never appears, nothing is
+    uploaded), with a one-line, token-free message that says nothing was converted."""
+    from quantize_cli.output.publish import check_push_access
+
+    def refused(repo, words):
+        with pytest.raises(PublishError) as exc:
+            convert(tiny_llama, str(tmp_path / "o"), algo="FP8_PB_WO", push_to_hub=repo, quiet=True)
+        assert words in exc.value.message and "nothing was converted" in exc.value.message, exc.value.message
+        assert TOKEN not in exc.value.message and not os.path.exists(tmp_path / "o") and uploads(hub) == []
+
+    assert check_push_access("me/new-model") == "me"  # a new repo in the user's namespace
+    assert check_push_access("team/new-model") == "me"  # ... or in an organisation with the write role
+    refused("someone-else/m", "me cannot create repos under 'someone-else'")
+    hub.repos["someone-else/shared"] = {"private": False, "branches": {"main": {}}}
+    hub.read_only.add("someone-else/shared")
+    refused("someone-else/shared", "may not write to this repo")
+    hub.whoami["orgs"] = [{"name": "team", "roleInOrg": "read"}]
+    refused("team/m", "read role in the organisation 'team'")
+    hub.whoami["auth"]["accessToken"] = {"role": "fineGrained", "fineGrained": {"scoped": [
+        {"entity": {"type": "user", "name": "me"}, "permissions": ["repo.content.read"]}]}}
+    refused("me/m", "no repo.write permission on 'me'")
+    hub.whoami["auth"]["accessToken"]["fineGrained"]["scoped"][0]["permissions"].append("repo.write")
+    assert check_push_access("me/m") == "me"
+    hub.whoami["auth"]["accessToken"] = {"role": "read"}
+    refused("me/m", "the token of me is read-only")
+    hub.echo_token_status = 401
+    refused("me/m", "the token is not valid")
+    hub.echo_token_status = None
+    monkeypatch.delenv("HF_TOKEN")
+    refused("me/m", "no Hugging Face token; set HF_TOKEN")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    refused("me/m", "HF_HUB_OFFLINE is set")
+
+
+def test_a_dry_run_checks_no_access(hub, tiny_llama):
+    """A dry run publishes nothing, so it asks the Hub nothing (it works offline and without a token)."""
+    convert(tiny_llama, None, algo="FP8_PB_WO", push_to_hub="someone-else/m", dry_run=True, quiet=True)
+    assert hub.requests == []

@@ -75,8 +75,9 @@ def sources(tmp_path_factory):
 # Small output shards, so that fused groups (and even one module's tensors) straddle shard
 # boundaries and several Ray tasks run at once.
 SHARD = "200KB"
-CASES = [("dense", a, "plain") for a in ALGOS] + [
-    ("moe", "NVFP4", "plain"), ("moe", "FP8", "plain"), ("moe", "INT8", "plain"),
+CASES = [("dense", a, "plain") for a in ALGOS if a != "INT4_ASYM"] + [  # INT4_ASYM: compressed-tensors only (below)
+    ("moe", "NVFP4", "plain"), ("moe", "FP8", "plain"), ("moe", "INT8", "plain"), ("moe", "INT4", "plain"),
+    ("dense", "INT4", "marlin"),
     ("deepseek", "NVFP4", "plain"), ("deepseek", "FP8", "plain"),
     ("dense", "NVFP4", "marlin"), ("dense", "FP8_PB_WO", "marlin"),
     ("moe_fused", "NVFP4", "flashinfer"), ("moe_fused", "FP8", "cutlass"),
@@ -93,6 +94,32 @@ def test_ray_writes_the_same_bytes_as_local(cluster, sources, tmp_path, family, 
     shards = res.report["ray"]["shards"]
     assert len(shards) == len(res.plan.shard_names) > 2 and all(s["host"] and not s["skipped"] for s in shards)
     assert not (tmp_path / ".ray.partial").exists()
+
+
+@pytest.mark.parametrize("family,algo", [("dense", "INT4_ASYM"), ("moe", "INT4")])
+def test_ray_compressed_tensors_int4_same_bytes(cluster, sources, tmp_path, family, algo):
+    """pack-quantized INT4: weight_shape (written once per tensor) and the 8-row zero points land
+    where local puts them, whichever shard task writes them."""
+    opts = dict(algo=algo, format="compressed-tensors", quiet=True, max_shard_size=SHARD, memory_budget="8MB")
+    convert(sources[family], str(tmp_path / "local"), **opts)
+    convert(sources[family], str(tmp_path / "ray"), executor="ray", **opts)
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+
+
+@pytest.mark.parametrize("family,algo", [("dense", "NVFP4"), ("moe", "W4A16_NVFP4")])
+def test_ray_weighted_search_writes_the_same_bytes_as_local(cluster, sources, tmp_path, family, algo):
+    """--scale-search mse with per-channel statistics: the workers get each module's weights from the plan."""
+    from .test_search_weighted_convert import synthetic_scales
+
+    src = sources[family]
+    scales = synthetic_scales(src, str(tmp_path / "s.json"))
+    opts = dict(algo=algo, quiet=True, max_shard_size=SHARD, memory_budget="8MB", scale_search="mse", act_scales=scales)
+    local = convert(src, str(tmp_path / "local"), **opts)
+    convert(src, str(tmp_path / "ray"), executor="ray", **opts)
+    assert local.plan.search_weights is not None
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
+    convert(src, str(tmp_path / "free"), **{**opts, "act_scales": None})
+    assert files(tmp_path / "free") != files(tmp_path / "local")
 
 
 def test_partition_writes_every_output_once_and_splits_groups(sources):

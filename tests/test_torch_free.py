@@ -114,11 +114,10 @@ def test_check_failure_is_the_same_without_torch(checkpoints):
 def test_check_example_and_hub_id_import_no_torch(tmp_path, monkeypatch, checkpoints):
     """example:tiny-llama once generated (generating it needs torch: its weights are random), and a
     Hub repo id answered from headers (a weight download would raise)."""
-    from quantize_cli.checkpoint.example_weights import EXAMPLES
     from quantize_cli.checkpoint.examples import example_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the subprocess inherits it
-    example_path("tiny-llama", EXAMPLES)  # generated here, in the test's own process
+    example_path("tiny-llama")  # generated here, in the test's own process
     code, heavy, out, err = run_fresh("check", "example:tiny-llama", "--algo", "FP8")
     assert (code, heavy) == (0, []), err
     assert out.startswith("check: example:tiny-llama  algo FP8") and "result: 0 error(s)" in out
@@ -206,7 +205,7 @@ def test_inspect_imports_no_torch(checkpoints, name):
     """`quantize inspect` summarizes from headers and config only."""
     code, heavy, out, err = run_fresh("inspect", checkpoints[name])
     assert (code, heavy) == (0, []), err
-    assert out.startswith(f"{checkpoints[name]}: 2 shard(s)") and "BF16" in out and "not quantized" in out, out
+    assert out.startswith(f"{checkpoints[name]}: 2 shards") and "BF16" in out and "not quantized" in out, out
 
 
 def test_example_names_agree_with_their_generators():

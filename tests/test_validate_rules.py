@@ -24,6 +24,11 @@ def test_layout_request_decides_on_the_rule():
     # CUTLASS FP8 dense moves no bytes but its MoE stacks are packed: accepted, dense written plain.
     assert layout_request("cutlass", "FP8", None) == (None, False)
     assert layout_request("cutlass", "NVFP4", None) == (None, True)
+    # One rule for every algorithm whose dense kernel reads the plain bytes (issue 26): INT8 and
+    # per-channel FP8 have no CUTLASS MoE kernel, yet their dense Linears are written plain as FP8's are.
+    assert layout_request("cutlass", "INT8", None) == (None, False)
+    assert layout_request("cutlass", "FP8_PER_CHANNEL_PER_TOKEN", None) == (None, False)
+    assert layout_request("flashinfer", "FP8_PB_WO", None) == (None, False)
     refusal, dense = layout_request("flashinfer", "INT8", None)  # no kernel at all
     assert refusal.level == ERROR and refusal.code == "layout" and "no INT8 GEMM" in refusal.message and not dense
     refusal, _ = layout_request("marlin", "FP8", "config.json has no torch_dtype")

@@ -72,7 +72,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
               device: torch.device | None = None, memory_budget: int | None = None,
               progress: Callable[[int, int, float], None] | None = None, offload: bool | None = None,
               batch_tokens: int | None = None) -> ScalesDoc:
-    """Measure every Linear input amax (per expert) and K/V amax of `source` on `calib_data`.
+    """Measure every Linear input amax (per expert), its per-channel ``E[x_j^2]`` and K/V amax of
+    `source` on `calib_data`.
 
     Args:
         source: an opened :class:`~quantize_cli.checkpoint.source.Source` (a local folder).
@@ -91,17 +92,18 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     import torch
     import transformers
 
-    from . import forward, hooks
+    from . import forward, hooks, stats
     from .data import load_samples
 
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
     seq_len = min(seq_len, _max_positions(source.config) or seq_len)  # positions past it do not exist
-    ids, data_meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len)
+    ids, data_meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len, memory_budget)
     act_bytes = 2 * 2 * _hidden(source.config) * data_meta["tokens"]  # bf16 inputs + outputs of a block
     offload = offload_decision(device, act_bytes, memory_budget, offload)
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
-    rec = hooks.Recorder()
+    energy = stats.ChannelEnergy()  # E[x_j^2] per input channel: the weights of --scale-search mse
+    rec = hooks.Recorder(observers=[energy])
     timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload)
     modules = {k: {"amax": v.amax, "tokens": v.tokens} for k, v in sorted(rec.inputs.items())}
     kv = {k: {"k_amax": v["k"].amax, "v_amax": v["v"].amax, "tokens": v["k"].tokens} for k, v in sorted(rec.kv.items())}
@@ -111,7 +113,7 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
            "activation_bytes": act_bytes, "activations_on": "host" if offload or device.type == "cpu" else "device",
            "batches": timing["batches"]}
     fp = {"label": source.label, **fingerprint(source.config, source.tensors)}
-    return ScalesDoc(fp, data_meta, run, modules, kv)
+    return ScalesDoc(fp, data_meta, run, modules, kv, channels=energy.mean_squares())
 
 
 __all__ = ["calibrate", "load", "resolve", "check_source", "fingerprint", "ScalesDoc", "ActScales",

@@ -136,9 +136,11 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
     static = [m.name for m in mods.values() if m.quantize and scheme_of(m.name).static_input_scale is not None]
     kv = kv_cache_dtype == "fp8"
     if not static and not kv:
-        algos = sorted({scheme_of(m.name).algo for m in mods.values() if m.quantize}) or ["--algo"]
-        findings.append(Finding(WARNING, "calib-ignored", algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
-                                "(or not at all) and the KV cache is not FP8: the calibration data / --act-scales is ignored"))
+        searched = any(getattr(scheme_of(m.name), "scale_search", "none") != "none" for m in mods.values() if m.quantize)
+        if not searched:  # else the data weights the search (search_weights.py)
+            algos = sorted({scheme_of(m.name).algo for m in mods.values() if m.quantize}) or ["--algo"]
+            findings.append(Finding(WARNING, "calib-ignored", algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
+                                    "(or not at all) and the KV cache is not FP8: the calibration data / --act-scales is ignored"))
         return None
     shared = {k: [m.name for m in v] for k, v in groups.items() if all(m.name in static for m in v)}
     res = resolve(doc, static, shared, kv=kv)

@@ -17,6 +17,7 @@ Every problem is one line naming the file, the line and the rule.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -28,32 +29,62 @@ from . import hub_data
 DEFAULT = "default"
 
 
+# A --calib-data value ending so is a file: a Hub dataset id does not carry a data file's extension.
+DATA_SUFFIXES = (".jsonl", ".json", ".txt", ".csv", ".parquet", ".jsonl.gz", ".json.gz", ".txt.gz", ".csv.gz")
+
+
+def looks_like_a_file(spec: str) -> bool:
+    """Whether ``--calib-data`` `spec` names a file rather than ``default`` or a dataset id ``owner/name``."""
+    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+            or spec.lower().endswith(DATA_SUFFIXES))
+
+
 def _err(spec: str, what: str) -> CalibrationError:
     return CalibrationError(f"--calib-data {spec}: {what}")
 
 
-def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq_len: int) -> tuple[list[list[int]], dict]:
-    """The first `samples` samples of `spec` and a description (spec, sha256, samples, seq_len, tokens)."""
+# Text held at once while reading calibration data: an eighth of --memory-budget, between these
+# bounds (a line of a .jsonl may not be longer; a .txt is read as a prefix of at most this).
+TEXT_CAP_MIN, TEXT_CAP_MAX = 1 << 20, 64 << 20
+# Tokens past the ones needed before a prefix is cut: a word split at the cut changes only its own tokens.
+MARGIN_TOKENS = 32
+BYTES_PER_TOKEN = 4  # the first guess of a prefix's size (doubled until it holds enough tokens)
+
+
+def text_cap(budget: int | None) -> int:
+    """Bytes of calibration text held at once for `budget` (--memory-budget; None: the largest)."""
+    return TEXT_CAP_MAX if not budget else max(TEXT_CAP_MIN, min(TEXT_CAP_MAX, budget // 8))
+
+
+def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq_len: int,
+                 budget: int | None = None) -> tuple[list[list[int]], dict]:
+    """The first `samples` samples of `spec` and a description (spec, sha256, samples, seq_len, tokens).
+
+    Reading is bounded by what is needed (issue 26: a one-line 50 MB file took 10 GB): a text file
+    is read and tokenized as a prefix holding the tokens of `samples` samples (plus one, plus a
+    margin), a .jsonl line by line until `samples` samples, each text tokenized as a prefix of
+    `seq_len` tokens; the text held at once is at most :func:`text_cap` of `budget`. The samples
+    are those of the whole file; ``sha256`` is of the bytes read (the whole file unless it holds
+    far more than needed)."""
     if samples < 1:
         raise UsageError(f"--calib-samples {samples}: must be at least 1")
     if seq_len < 1:
         raise UsageError(f"--calib-seq-len {seq_len}: must be at least 1")
     _TOKENIZERS.clear()  # loaded once per call, never reused across calls (the files may change)
+    cap = text_cap(budget)
     if spec == DEFAULT:
         text = resources.files(__package__).joinpath("default_calibration.txt").read_text(encoding="utf-8")
         out = _cut_text(root, spec, text, seq_len)
         digest = hashlib.sha256(text.encode()).hexdigest()
     elif os.path.isfile(spec):
-        raw = _read(spec)
-        digest = hashlib.sha256(raw).hexdigest()
-        text = _decode(spec, raw)
-        if not text.strip():
-            raise _err(spec, "the file is empty; give at least one sample")
-        out = _jsonl(spec, text, root, seq_len) if spec.endswith(".jsonl") else _cut_text(root, spec, text, seq_len)
-    elif os.path.exists(spec) or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        if spec.endswith(".jsonl"):
+            out, digest = _jsonl(spec, root, seq_len, samples, cap)
+        else:
+            out, digest = _text_file(spec, root, seq_len, samples, cap)
+    elif os.path.exists(spec) or looks_like_a_file(spec):
         raise _err(spec, "no such file; give a .jsonl or .txt file, `default`, or a cached Hugging Face dataset id")
     else:
-        out, digest = _dataset(spec, root, seq_len, samples)
+        out, digest = _dataset(spec, root, seq_len, samples, cap)
     out = [s for s in out if s][:samples]
     if not out:
         raise _err(spec, "no tokens in it; give text or input_ids")
@@ -61,42 +92,87 @@ def load_samples(spec: str, root: str, vocab_size: int | None, samples: int, seq
     return out, {"spec": spec, "sha256": digest, "samples": len(out), "seq_len": seq_len, "tokens": sum(map(len, out))}
 
 
-def _read(path: str) -> bytes:
+def _open(path: str):
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return open(path, "rb")
     except OSError as exc:
         raise _err(path, f"cannot read it ({exc.strerror or exc})") from None
 
 
-def _decode(path: str, raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _err(path, f"not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+def _text_file(path: str, root: str, seq_len: int, samples: int, cap: int) -> tuple[list[list[int]], str]:
+    """A .txt (or any text) file: the samples of :func:`_cut_text` from the shortest prefix that
+    holds them. The first N samples (ordered by start) lie within the first N + 1 pieces of the
+    text, so a prefix of (N + 1) * L tokens plus a margin gives the same ones as the whole file."""
+    need = (samples + 1) * seq_len + MARGIN_TOKENS
+    digest, decoder = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")()
+    parts, read, target = [], 0, need * BYTES_PER_TOKEN
+    with _open(path) as f:
+        while True:
+            want = max(0, min(target, cap) - read)
+            chunk = f.read(want)
+            digest.update(chunk)
+            end = len(chunk) < want  # the whole file is read
+            try:
+                parts.append(decoder.decode(chunk, final=end))
+            except UnicodeDecodeError as exc:
+                raise _err(path, f"not UTF-8 text (bad byte at offset {read + exc.start}); save it as UTF-8") from None
+            read += len(chunk)
+            text = "".join(parts)
+            if end or read >= cap or len(_tokenizer(root, path)(text, add_special_tokens=False)["input_ids"]) >= need:
+                break
+            parts, target = [text], target * 2  # geometric: at most twice the tokenizing the prefix needs
+    if not text.strip():
+        raise _err(path, "the file is empty; give at least one sample")
+    return _cut_text(root, path, text, seq_len), digest.hexdigest()
 
 
-def _jsonl(path: str, text: str, root: str, seq_len: int) -> list[list[int]]:
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _err(path, f"line {n}: not valid JSON ({exc.msg}); one JSON object per line") from None
-        if not isinstance(obj, dict) or not ("input_ids" in obj or "text" in obj):
-            raise _err(path, f"line {n}: needs an object with \"input_ids\" (list of ints) or \"text\" (string)")
-        if "input_ids" in obj:
-            ids = obj["input_ids"]
-            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise _err(path, f"line {n}: \"input_ids\" must be a non-empty list of integers")
-            out.append(ids[:seq_len])
-        else:
-            if not isinstance(obj["text"], str) or not obj["text"].strip():
-                raise _err(path, f"line {n}: \"text\" must be a non-empty string")
-            out.append(_tokenize(root, path, obj["text"], special=True)[:seq_len])
-    return out
+def _lines(f, path: str, cap: int):
+    """(line number, bytes) of every line of binary file `f`; a line longer than `cap` is refused."""
+    n = 0
+    while True:
+        line = f.readline(cap + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > cap:
+            raise _err(path, f"line {n} is longer than {cap} bytes (an eighth of --memory-budget, at most 64 MiB); "
+                             "split it into several samples, or raise --memory-budget")
+        yield n, line
+
+
+def _jsonl(path: str, root: str, seq_len: int, samples: int, cap: int) -> tuple[list[list[int]], str]:
+    """A .jsonl file, read line by line until `samples` samples; sha256 of the bytes read."""
+    out, digest, seen = [], hashlib.sha256(), False
+    with _open(path) as f:
+        for n, raw in _lines(f, path, cap):
+            digest.update(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _err(path, f"line {n}: not UTF-8 text (bad byte at column {exc.start}); save it as UTF-8") from None
+            if not line.strip():
+                continue
+            seen = True
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _err(path, f"line {n}: not valid JSON ({exc.msg}); one JSON object per line") from None
+            if not isinstance(obj, dict) or not ("input_ids" in obj or "text" in obj):
+                raise _err(path, f"line {n}: needs an object with \"input_ids\" (list of ints) or \"text\" (string)")
+            if "input_ids" in obj:
+                ids = obj["input_ids"]
+                if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise _err(path, f"line {n}: \"input_ids\" must be a non-empty list of integers")
+                out.append(ids[:seq_len])
+            else:
+                if not isinstance(obj["text"], str) or not obj["text"].strip():
+                    raise _err(path, f"line {n}: \"text\" must be a non-empty string")
+                out.append(_tokenize_prefix(root, path, obj["text"], seq_len))
+            if len(out) == samples:  # the rest of the file is never read
+                break
+    if not seen:
+        raise _err(path, "the file is empty; give at least one sample")
+    return out, digest.hexdigest()
 
 
 def _cut_text(root: str, spec: str, text: str, seq_len: int) -> list[list[int]]:
@@ -179,20 +255,28 @@ def _tokenizer(root: str, spec: str):
     return tok
 
 
-def _tokenize(root: str, spec: str, text: str, special: bool) -> list[int]:
-    return list(_tokenizer(root, spec)(text, add_special_tokens=special)["input_ids"])
+def _tokenize_prefix(root: str, spec: str, text: str, n: int) -> list[int]:
+    """The first `n` ids of `text` tokenized with special tokens, tokenizing only a prefix of it
+    (doubled until it holds `n` ids and a margin): a 50 MB text costs what its first tokens cost."""
+    tok = _tokenizer(root, spec)
+    chars = (n + MARGIN_TOKENS) * BYTES_PER_TOKEN
+    while True:
+        ids = tok(text[:chars], add_special_tokens=True)["input_ids"]
+        if chars >= len(text) or len(ids) >= n + MARGIN_TOKENS:
+            return list(ids[:n])
+        chars *= 2
 
 
-def _dataset(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[int]], str]:
+def _dataset(spec: str, root: str, seq_len: int, samples: int, cap: int = TEXT_CAP_MAX) -> tuple[list[list[int]], str]:
     """The first `samples` ``text`` rows of the ``train`` split of a dataset in the local Hub cache
     (:mod:`.hub_data`), each tokenized with special tokens and cut to L. The digest names the
     cached revision and the files read, so a re-fetched dataset is a new source of scales."""
     folder = hub_data.snapshot(spec)
     files = hub_data.train_files(spec, folder)
     out = []
-    for text in hub_data.texts(spec, folder, files):
+    for text in hub_data.texts(spec, folder, files, cap):
         if text.strip():
-            out.append(_tokenize(root, spec, text, special=True)[:seq_len])
+            out.append(_tokenize_prefix(root, spec, text, seq_len))
             if len(out) == samples:  # the first N rows with text: the rest is never read on
                 break
     revision = os.path.basename(os.path.normpath(folder))

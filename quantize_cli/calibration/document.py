@@ -4,15 +4,18 @@ The document stores amax (not scales), so one calibration serves every algorithm
 derived when a plan uses it (FP8 ``amax / 448``, NVFP4 ``amax / (6 * 448)``, KV ``amax / 448``).
 Example (docs/calibration.md has the full description)::
 
-    {"format": "quantize-act-scales", "version": 1,
+    {"format": "quantize-act-scales", "version": 2,
      "source": {"label": "...", "layout_sha256": "...", "content_sha256": "..."},
      "data": {"spec": "default", "sha256": "...", "samples": 6, "seq_len": 512, "tokens": 3072},
      "run": {"dtype": "bfloat16", "device": "cuda:0", "seconds": 12.3, "transformers": "5.24.0"},
-     "modules": {"model.layers.0.self_attn.q_proj": {"amax": 3.84, "tokens": 3072}, ...},
+     "channels": {"file": "SCALES.channels.safetensors", "sha256": "...", "bytes": 5120, ...},
+     "modules": {"model.layers.0.self_attn.q_proj": {"amax": 3.84, "tokens": 3072, "channels": "..."}, ...},
      "kv": {"model.layers.0.self_attn": {"k_amax": 0.54, "v_amax": 0.62, "tokens": 3072}, ...}}
 
 Module names are the checkpoint's (per expert for MoE: ``...experts.3.gate_proj``); an expert
-that received no token has ``tokens: 0`` and ``amax: 0``.
+that received no token has ``tokens: 0`` and ``amax: 0``. Version 2 adds the per-input-channel
+``E[x_j^2]`` of every module (the scale search's weights) in a safetensors file beside the JSON
+(:mod:`.channels`); version 1 files are still read, and simply have no channel statistics.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from ..errors import CalibrationError
 from ..jsonfile import MISSING, NOT_OBJECT, JsonFileError, load_json
 
 FORMAT = "quantize-act-scales"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1: no channel statistics
 
 
 @dataclass
@@ -41,21 +45,44 @@ class ScalesDoc:
     modules: dict[str, dict] = field(default_factory=dict)
     kv: dict[str, dict] = field(default_factory=dict)
     path: str | None = None
+    channels: dict = field(default_factory=dict)  # module -> fp32 [K] E[x_j^2], in memory (a fresh calibration)
+    channel_file: object = None  # channels.ChannelFile of a loaded version-2 file (read lazily)
 
+    @property
+    def has_channels(self) -> bool:
+        """Whether per-channel statistics were recorded (False for a version-1 file)."""
+        return bool(self.channels) or self.channel_file is not None
+
+    def channel_energy(self, module: str):
+        """fp32 CPU ``[K]`` ``E[x_j^2]`` of Linear `module`'s inputs, or None when not recorded."""
+        if module in self.channels:
+            return self.channels[module]
+        key = (self.modules.get(module) or {}).get("channels")
+        return None if self.channel_file is None or key is None else self.channel_file.read(key)
     def input_amax(self, module: str) -> tuple[float, int] | None:
         """(amax, tokens) recorded for Linear `module`, or None when it was not seen."""
         m = self.modules.get(module)
         return None if m is None else (float(m["amax"]), int(m.get("tokens", 0)))
 
-    def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "source": self.source, "data": self.data, "run": self.run,
-                "modules": self.modules, "kv": self.kv}
+    def to_json(self, channels: dict | None = None) -> dict:
+        doc = {"format": FORMAT, "version": VERSION, "source": self.source, "data": self.data, "run": self.run,
+               "modules": self.modules, "kv": self.kv}
+        if channels is not None:
+            doc["channels"] = channels
+        return doc
 
     def save(self, path: str) -> None:
+        """Write the JSON (and, with channel statistics, its sidecar first: the JSON names its sha256)."""
         from ..checkpoint.durable import write_json
 
+        block = None
+        if self.channels:
+            from .channels import save
+
+            block, keys = save(path, self.channels)
+            self.modules = {m: {**e, **({"channels": keys[m]} if m in keys else {})} for m, e in self.modules.items()}
         try:
-            write_json(path, self.to_json(), indent=1)
+            write_json(path, self.to_json(block), indent=1)
         except OSError as exc:
             raise CalibrationError(f"-o {path}: cannot write the scales file ({exc.strerror or exc}); check the folder and permissions") from None
 
@@ -76,8 +103,8 @@ def load(path: str) -> ScalesDoc:
         doc = None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise _bad(path, f"not a {FORMAT} document (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
-        raise _bad(path, f"version {doc.get('version')!r} is not supported (this quantize reads version {VERSION})")
+    if doc.get("version") not in READS or isinstance(doc.get("version"), bool):
+        raise _bad(path, f"version {doc.get('version')!r} is not supported (this quantize reads versions {', '.join(map(str, READS))})")
     for key in ("source", "data", "run", "modules", "kv"):
         if not isinstance(doc.get(key), dict):
             raise _bad(path, f"\"{key}\" is missing or not an object")
@@ -85,7 +112,23 @@ def load(path: str) -> ScalesDoc:
         _check_entry(path, f"modules.{name}", entry, ("amax",))
     for name, entry in doc["kv"].items():
         _check_entry(path, f"kv.{name}", entry, ("k_amax", "v_amax"))
-    return ScalesDoc(doc["source"], doc["data"], doc["run"], doc["modules"], doc["kv"], path)
+    return ScalesDoc(doc["source"], doc["data"], doc["run"], doc["modules"], doc["kv"], path, channel_file=_channels(path, doc))
+
+
+def _channels(path: str, doc: dict):
+    """The checked sidecar of a version-2 file (None without channel statistics)."""
+    named = {n: e["channels"] for n, e in doc["modules"].items() if e.get("channels") is not None}
+    if doc["version"] < 2 or doc.get("channels") is None:
+        if named:
+            raise _bad(path, f"modules.{next(iter(named))}.channels names channel statistics but there is no \"channels\" file")
+        return None
+    from .channels import ChannelFile
+
+    file = ChannelFile(path, doc["channels"], lambda what: _bad(path, what))
+    for name, key in named.items():
+        if not isinstance(key, str) or key not in file.tensors:
+            raise _bad(path, f"modules.{name}.channels = {key!r} names no tensor of {file.path}")
+    return file
 
 
 def _check_entry(path: str, where: str, entry, keys) -> None:

@@ -70,7 +70,7 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     seq_len = min(seq_len, _max_positions(source.config) or seq_len)
-    _, meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len)
+    _, meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len, budget)
     act_bytes = 2 * 2 * _hidden(source.config) * meta["tokens"]
     offload = offload_decision(device, act_bytes, budget, None)
     sk = build(source.root, source.config, source.tensors, rec, torch.bfloat16)
@@ -86,13 +86,14 @@ def plan_calibration(src: str, calib_data: str, samples: int, seq_len: int, devi
 
 def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len, act_scales, device, budget,
                        revision, quiet, low_disk: bool, recipe=None, info=None, warn=None, dry_run: bool = False,
-                       kv_cache: bool = False):
+                       kv_cache: bool = False, scale_search: str | None = None):
     """The ScalesDoc a conversion uses, or None (no calibration asked for, or nothing to calibrate);
     with `dry_run` and ``--calib-data``: a :class:`PlannedCalibration` (checked, not run).
 
     `algos`: every algorithm the conversion writes (``--algo`` and the ``--algo-for`` ones); `kv_cache`:
-    ``--kv-cache-dtype fp8``. Calibration runs when one of them has static activation scales or the KV
-    cache is FP8 (its K/V scales are calibrated whatever the algorithms)."""
+    ``--kv-cache-dtype fp8``; `scale_search`: ``--scale-search``. Calibration runs when one of the
+    algorithms has static activation scales, the KV cache is FP8 (its K/V scales are calibrated
+    whatever the algorithms) or the data weights the scale search."""
     if calib_data is None and act_scales is None:
         if calib_samples is not None or calib_seq_len is not None:
             raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
@@ -104,7 +105,8 @@ def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len
     from ..schemes import get_scheme
 
     algos = [get_scheme(a).algo for a in ([algos] if isinstance(algos, str) else algos)]
-    if not kv_cache and all(get_scheme(a).static_input_scale is None for a in algos):
+    searched = (scale_search or "none").lower() != "none"
+    if not kv_cache and not searched and all(get_scheme(a).static_input_scale is None for a in algos):
         (warn or (lambda m: None))(f"{'/'.join(dict.fromkeys(algos))} quantizes activations dynamically (or not at all) and the "
                                    f"KV cache is not FP8: {'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
         return None

@@ -2,7 +2,8 @@
 
 The recorder is plain Python state; three kinds of taps feed it while a layer runs:
 
-* a forward pre-hook on every ``nn.Linear``: ``amax(|x|)`` of its input ``x [..., K]``;
+* a forward pre-hook on every ``nn.Linear``: ``amax(|x|)`` of its input ``x [..., K]`` (and, for
+  the recorder's observers, the input itself: ``stats.ChannelEnergy`` sums ``x_j^2`` per channel);
 * an experts forward (registered in transformers' ``ExpertsInterface``) for the fused 3-D
   expert modules of transformers 5: it computes what the eager loop computes and records, per
   expert, the input of ``gate_up_proj[e]`` (the routed tokens) and of ``down_proj[e]``;
@@ -46,11 +47,14 @@ class Recorder:
 
     inputs: dict[str, Stat] = field(default_factory=dict)
     kv: dict[str, dict[str, Stat]] = field(default_factory=dict)
+    observers: list = field(default_factory=list)  # objects with add(name, x): see every recorded input (stats.py)
     names: dict[int, str] = field(default_factory=dict)  # id(module) -> checkpoint module name
     experts: dict[int, tuple[str, dict[str, str]]] = field(default_factory=dict)  # id(experts) -> (name, role names)
 
     def record(self, name: str, x: torch.Tensor) -> None:
         self.inputs.setdefault(name, Stat()).add(x)
+        for observer in self.observers:
+            observer.add(name, x)
 
     def record_kv(self, module, key: torch.Tensor, value: torch.Tensor) -> None:
         name = self.names.get(id(module))

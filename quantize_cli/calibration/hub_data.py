@@ -88,9 +88,11 @@ def _split(rel: str) -> str | None:
     return None
 
 
-def texts(spec: str, folder: str, files: list[str]) -> Iterator[str]:
+def texts(spec: str, folder: str, files: list[str], cap: int = 64 << 20) -> Iterator[str]:
     """The ``text`` value of every row of `files`, in order. Lazy: line-based files (.jsonl, .txt,
-    .csv, gzipped or not) and parquet are read a line / batch at a time; a .json is read whole."""
+    .csv, gzipped or not) and parquet are read a line / batch at a time; a .json is read whole.
+    A line holds at most `cap` characters: a longer .txt row is cut there (only its first tokens are
+    used), a longer .jsonl row is refused (data.text_cap: bounded by --memory-budget)."""
     for rel in files:
         path = os.path.join(folder, rel)
         low = rel.lower()
@@ -101,16 +103,34 @@ def texts(spec: str, folder: str, files: list[str]) -> Iterator[str]:
         try:
             with _open_text(path, low.endswith(".gz")) as f:
                 if base.endswith(".txt"):
-                    yield from (line.rstrip("\r\n") for line in f)  # the Hub's text rule: one row per line
+                    yield from (line.rstrip("\r\n") for line in _capped_lines(f, cap))  # the Hub's rule: one row per line
                 elif base.endswith(".csv"):
                     yield from _column(spec, rel, csv.DictReader(f))
                 elif base.endswith(".jsonl"):
-                    yield from _column(spec, rel, _json_lines(spec, rel, f))
+                    yield from _column(spec, rel, _json_lines(spec, rel, _capped_lines(f, cap, spec, rel)))
                 else:
                     yield from _column(spec, rel, _json_records(spec, rel, f.read()))
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise _err(spec, f"{rel}: cannot read it as UTF-8 text ({type(exc).__name__}); the cache may be "
                              "incomplete: fetch the dataset again") from None
+
+
+def _capped_lines(f, cap: int, spec: str | None = None, rel: str = "") -> Iterator[str]:
+    """The lines of text file `f`, each at most `cap` characters: a longer one is cut there (the rest
+    skipped) or, with `spec` (JSON lines, which cannot be cut), refused."""
+    n = 0
+    while True:
+        line = f.readline(cap)
+        if not line:
+            return
+        n += 1
+        if len(line) == cap and not line.endswith("\n"):
+            if spec is not None:
+                raise _err(spec, f"{rel}: line {n} is longer than {cap} characters (bounded by --memory-budget); "
+                                 "give a .jsonl file with shorter rows")
+            while (rest := f.readline(cap)) and not rest.endswith("\n"):
+                pass
+        yield line
 
 
 def _open_text(path: str, gz: bool) -> io.TextIOBase:

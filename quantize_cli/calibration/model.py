@@ -33,7 +33,7 @@ class Skeleton:
 
 
 def install_hint() -> str:
-    return "install the calibration extra: pip install 'quantize[calib]'"
+    return "install the calibration extra: pip install 'quantize-cli[calib]'"
 
 
 def require_transformers():

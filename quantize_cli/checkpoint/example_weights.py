@@ -16,7 +16,6 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from .examples import NAMES
 
 
 def llama_config(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=512) -> dict:
@@ -200,11 +199,25 @@ def deepseek_tensors(cfg: dict, seed: int = 0, dtype=torch.bfloat16) -> dict[str
     return out
 
 
+def _with_tokenizer(write):
+    """An example generator that also ships the examples' tokenizer (example_tokenizer.py): the
+    advice `calibrate with --calib-data default` works on the examples too."""
+    from .example_tokenizer import copy_into
+
+    def make(root: str) -> str:
+        write(root)
+        copy_into(root)
+        return root
+
+    return make
+
+
 EXAMPLES = {
-    "tiny-llama": lambda root: write_checkpoint(root, llama_tensors(llama_config()), llama_config(), shards=2),
-    "tiny-qwen3-moe": lambda root: write_checkpoint(root, qwen3_moe_tensors(qwen3_moe_config()), qwen3_moe_config(), shards=2),
-    "tiny-qwen3-moe-fused": lambda root: write_checkpoint(
-        root, qwen3_moe_tensors(qwen3_moe_config(), fused_experts=True), qwen3_moe_config(), shards=2
-    ),
-    "tiny-deepseek": lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3),
+    "tiny-llama": _with_tokenizer(lambda root: write_checkpoint(root, llama_tensors(llama_config()), llama_config(), shards=2)),
+    "tiny-qwen3-moe": _with_tokenizer(
+        lambda root: write_checkpoint(root, qwen3_moe_tensors(qwen3_moe_config()), qwen3_moe_config(), shards=2)),
+    "tiny-qwen3-moe-fused": _with_tokenizer(lambda root: write_checkpoint(
+        root, qwen3_moe_tensors(qwen3_moe_config(), fused_experts=True), qwen3_moe_config(), shards=2)),
+    "tiny-deepseek": _with_tokenizer(
+        lambda root: write_checkpoint(root, deepseek_tensors(deepseek_config()), deepseek_config(), shards=3)),
 }

@@ -14,7 +14,7 @@ import tempfile
 
 from ..errors import SourceError
 
-EXAMPLE_VERSION = 1
+EXAMPLE_VERSION = 2  # 2: the examples ship a tokenizer (example_tokenizer.py)
 
 # The generators are in example.EXAMPLES, under these names (example.py checks that they agree).
 NAMES = ("tiny-llama", "tiny-qwen3-moe", "tiny-qwen3-moe-fused", "tiny-deepseek")
@@ -25,22 +25,23 @@ def _cache_dir() -> str:
     return os.path.join(base, "quantize", "examples")
 
 
-def example_path(name: str, generators=None) -> str:
-    """The folder of example `name`, generated on first use (atomically, so races are harmless).
-
-    `generators`: name -> ``generate(folder)``; None when the caller has none (a folder not generated
-    yet is then an error). :func:`checkpoint.source.resolve_source` passes example_weights.EXAMPLES."""
+def check_name(name: str) -> None:
+    """Refuse an example name that does not exist (nothing generated, nothing imported)."""
     if name not in NAMES:
         raise SourceError(f"example:{name}: no such example; available: {', '.join('example:' + n for n in NAMES)}")
+
+
+def example_path(name: str) -> str:
+    """The folder of example `name`, generated on first use (atomically, so races are harmless)."""
+    check_name(name)
     final = os.path.join(_cache_dir(), f"{name}-v{EXAMPLE_VERSION}")
     if os.path.isdir(final):
         return final
-    if generators is None:
-        raise SourceError(f"example:{name}: not generated yet and no generator given")
+    from .example_weights import EXAMPLES  # torch: only to generate the weights, once
     os.makedirs(_cache_dir(), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=_cache_dir())
     try:
-        generators[name](tmp)
+        EXAMPLES[name](tmp)
         os.rename(tmp, final)
     except OSError:
         if not os.path.isdir(final):

@@ -149,13 +149,15 @@ def hub_sidecars(repo_id: str, revision: str | None, folder: str) -> list[str]:
     """Download the small non-weight files (tokenizer, generation config, ...) into `folder`."""
     from huggingface_hub import snapshot_download
 
-    from .source import HUB_PATTERNS, _NOT_SIDECARS
+    from .sidecars import list_sidecars
+    from .source import HUB_PATTERNS, _inside
 
-    patterns = [p for p in HUB_PATTERNS if p != "*.safetensors"]
+    # Not the shards (fetched one at a time), but a sentence-transformers module's own safetensors (2_Dense/)
+    patterns = [p for p in HUB_PATTERNS if p != "*.safetensors"] + ["*/*.safetensors"]
     try:
         snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_dir=folder)
     except Exception as exc:
         err = SourceError(f"{repo_id}: downloading the tokenizer and config files failed ({type(exc).__name__}); rerun with --resume once the Hub is reachable")
         err.resumable = True
         raise err from exc
-    return sorted(f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f)) and not _NOT_SIDECARS.match(f))
+    return list_sidecars(folder, _inside)[0]  # the rule of sidecars.py, as for a local SRC

@@ -9,7 +9,6 @@ once, and an already-quantized checkpoint is refused. Tensor data is never touch
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from ..errors import SourceError
@@ -18,12 +17,6 @@ from ..repo_id import is_repo_id
 from .safetensors_header import FLOAT_SOURCE_DTYPES, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
-# Files that are never copied as sidecars: weights, their index, configs we rewrite, pickles
-# (never read, never copied: the converter only trusts safetensors) and quantizer state.
-_NOT_SIDECARS = re.compile(
-    r"(.*\.safetensors|.*\.index\.json|config\.json|hf_quant_config\.json|quant_config\.json"
-    r"|.*\.(bin|pt|pth|ckpt|pkl|pickle|msgpack|h5|gguf|onnx|ot|npy|npz|joblib|tflite|keras)|\..*)$"
-)
 # config.json and the index are read whole; anything larger is not a checkpoint's JSON.
 # Patterns fetched from the Hub: weights, index, configs, tokenizer and other small sidecars.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py", "*.md"]
@@ -42,6 +35,7 @@ class Source:
     from_hub: bool = False
     warnings: list[str] = field(default_factory=list)
     revision: str | None = None  # the Hub commit the headers were read at (--low-disk pins it)
+    notes: list[str] = field(default_factory=list)  # info lines: source folders not copied, and why (sidecars.py)
 
     @property
     def total_bytes(self) -> int:
@@ -54,24 +48,24 @@ def resolve_path(src: str, revision: str | None = None, quiet: bool = True) -> t
     Returns ``(folder, from_hub)``.
     """
     if src.startswith("example:"):
-        from .examples import NAMES, example_path
+        from .examples import example_path
 
-        name = src.split(":", 1)[1]
-        try:  # torch-free when the example is there already (check and --dry-run import no torch)
-            return example_path(name), False
-        except SourceError:
-            if name not in NAMES:
-                raise
-        from .example_weights import EXAMPLES  # torch: only to generate the weights, once
-
-        return example_path(name, EXAMPLES), False
+        return example_path(src.split(":", 1)[1]), False
     if os.path.isdir(src):
         return os.path.abspath(src), False
+    refuse_missing(src)
+    return _download(src, revision, quiet), True
+
+
+def refuse_missing(src: str) -> None:
+    """Refuse a SRC that is not a folder (a file, or a path that does not exist) unless it is a
+    Hub repo id; nothing is read (``convert`` calls it before importing torch: plan/preflight.py)."""
+    if os.path.isdir(src):
+        return
     if os.path.exists(src):
         raise SourceError(f"{src}: is a file; SRC must be a checkpoint folder or a Hub repo id (owner/name)")
     if src.startswith((".", "/", "~")) or not is_repo_id(src, owner_required=False):
         raise SourceError(f"{src}: no such folder, and not a Hub repo id (owner/name); check the path")
-    return _download(src, revision, quiet), True
 
 
 def _download(repo_id: str, revision: str | None, quiet: bool) -> str:
@@ -220,8 +214,10 @@ def _shard_names(root: str) -> tuple[list[str], dict | None]:
     return files, None
 
 
-def open_source(src: str, revision: str | None = None, quiet: bool = True) -> Source:
-    """Resolve and read SRC's config and headers; raise :class:`SourceError` on anything malformed."""
+def open_source(src: str, revision: str | None = None, quiet: bool = True, allow_quantized: bool = False) -> Source:
+    """Resolve and read SRC's config and headers; raise :class:`SourceError` on anything malformed.
+
+    `allow_quantized`: read a converted checkpoint too (``quantize eval``); else it is refused."""
     root, from_hub = resolve_path(src, revision, quiet)
     config_path = os.path.join(root, "config.json")
     if not os.path.lexists(config_path) and not any(f.endswith(".safetensors") for f in _listdir(root)):
@@ -259,10 +255,11 @@ def open_source(src: str, revision: str | None = None, quiet: bool = True) -> So
     if not tensors:
         raise SourceError(f"{src}: the checkpoint holds no tensors; convert a checkpoint with weights")
     warnings += _ambiguities(root, names, wmap, config, tensors)
-    sidecars, skipped = _sidecars(root)
+    sidecars, skipped, notes = _sidecars(root)
     warnings += skipped
-    source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings)
-    refuse_quantized(source)
+    source = Source(src, root, config, tensors, names, sidecars, from_hub, warnings, notes=notes)
+    if not allow_quantized:
+        refuse_quantized(source)
     return source
 
 
@@ -296,24 +293,13 @@ def _listdir(root: str) -> list[str]:
         raise SourceError(f"{root}: cannot list the folder ({exc.strerror}); check permissions") from exc
 
 
-def _sidecars(root: str) -> tuple[list[str], list[str]]:
-    """Files copied to DST unchanged (tokenizer, generation config ...), and warnings for skipped ones.
+def _sidecars(root: str) -> tuple[list[str], list[str], list[str]]:
+    """Files copied to DST unchanged (tokenizer, generation config, sub-folders such as
+    sentence-transformers' ``1_Pooling/``), warnings for skipped files, and notes naming skipped
+    folders: the rule is :mod:`.sidecars`'s (docs/formats.md)."""
+    from .sidecars import list_sidecars
 
-    Only regular files whose real path lies inside SRC (or the Hub cache's blob store) are
-    copied; a sidecar linking out of SRC is refused, one that is not a regular file is skipped.
-    Weights, pickles and the configs we rewrite are never copied (see ``_NOT_SIDECARS``).
-    """
-    out, skipped = [], []
-    for name in sorted(_listdir(root)):
-        path = os.path.join(root, name)
-        if _NOT_SIDECARS.match(name) or os.path.isdir(path):
-            continue
-        if not os.path.isfile(path):
-            skipped.append(f"{path}: not a regular file (broken link, FIFO or device); not copied to the output")
-            continue
-        _inside(root, name, root)  # a link leading out of SRC is refused, never followed
-        out.append(name)
-    return out, skipped
+    return list_sidecars(root, _inside)
 
 
 def refuse_quantized(source: Source) -> None:

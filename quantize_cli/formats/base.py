@@ -139,9 +139,12 @@ class Format:
         """(algorithms vLLM serves per Linear, per MoE layer) inside a mixed checkpoint."""
         return (tuple(a for a, s in self.served.items() if s.mixed), tuple(a for a, s in self.served.items() if s.mixed_moe))
 
-    def moe_served(self, algo: str) -> bool:
-        """vLLM serves MoE experts quantized with `algo` in a single-algorithm checkpoint of this format."""
-        return self.served.get(algo, Served()).vllm_moe
+    def moe_unserved(self, algo: str) -> bool:
+        """vLLM serves `algo`'s dense Linears in this format but not its MoE experts (a single-algorithm
+        checkpoint): the experts must be excluded or another algorithm chosen. An algorithm vLLM does not
+        serve at all is said once, for the whole checkpoint (plan/validate.py's ``*-vllm`` warning)."""
+        s = self.served.get(algo, Served())
+        return s.vllm and not s.vllm_moe
 
 
 __all__ = ["Format", "Served"]

@@ -16,6 +16,7 @@ decompresses it on load).
 | W4A16_NVFP4                 | NVFP4A16                           |
 | INT8                        | W8A8 (dynamic per-token int8)      |
 | MXFP8                       | MXFP8 (dynamic MX activations)     |
+| INT4 / INT4_ASYM            | W4A16 / W4A16_ASYM (pack-quantized)|
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..algorithms import ALGORITHMS, FP8_BLOCK
 from ..errors import UsageError
 from ..jsonfile import read_json_or_none
 from .base import Format, Served
+from .ct_int4 import CtInt4
 from .ct_mxfp8 import CtMxfp8
 from .ct_schemes import CtFp8, CtInt8, CtNvfp4, CtScheme
 from .static_scales import static_input_value
@@ -49,6 +51,8 @@ CT_SCHEMES: dict[str, CtScheme] = {s.algo: s for s in (
     _ct(CtNvfp4, "W4A16_NVFP4", "NVFP4A16"),
     _ct(CtInt8, "INT8", "W8A8"),
     _ct(CtMxfp8, "MXFP8", "MXFP8"),
+    _ct(CtInt4, "INT4", "W4A16", row_align=2, symmetric=True),
+    _ct(CtInt4, "INT4_ASYM", "W4A16_ASYM", row_align=8, symmetric=False),  # zero points of eight rows per int32
 )}
 
 # vLLM 0.33 serves every preset per Linear and per MoE layer, alone or mixed (vllm_ct.VLLM_CT).
@@ -113,7 +117,7 @@ class CompressedTensors(Format):
 
         groups = ct_groups(plan.schemes, plan.scheme, plan.modules) if plan.mixed else None  # one group per algorithm
         qconfig = quantization_config(plan.scheme.preset, list(plan.exclude_modules), plan.kv_cache_dtype, groups)
-        doc = output_config(plan.source.config, qconfig)
+        doc = output_config(plan.source.config, qconfig, "modules.json" in plan.source.sidecars)  # sentence-transformers: decompress at load
         return {"config.json": (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()}
 
     def verify(self, path: str, config, res, source) -> None:

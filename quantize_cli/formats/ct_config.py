@@ -38,6 +38,9 @@ PRESETS: dict[str, tuple[str, dict, dict | None]] = {
     "NVFP4A16": ("nvfp4-pack-quantized", quant_args(strategy="tensor_group", num_bits=4, group_size=16, scale_dtype=FP4_SCALE), None),
     "MXFP8": ("mxfp8-quantized", quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE),
               quant_args(strategy="group", group_size=32, scale_dtype=MX_SCALE, dynamic=True)),
+    "W4A16": ("pack-quantized", quant_args(strategy="group", group_size=128, num_bits=4, type="int"), None),
+    "W4A16_ASYM": ("pack-quantized", quant_args(strategy="group", group_size=128, num_bits=4, type="int", symmetric=False,
+                                                zp_dtype="torch.int8"), None),
 }
 MIXED_FORMAT = "mixed-precision"  # the top-level format llm-compressor writes when the groups' formats differ
 FP8_KV_CACHE = quant_args()  # static per-tensor FP8 (vLLM uses scale 1.0 when the checkpoint has none)
@@ -71,8 +74,27 @@ def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | No
     }
 
 
-def output_config(source_config: dict, qconfig: dict) -> dict:
-    """The source config.json with `qconfig` as ``quantization_config``."""
+# Presets whose weights compressed-tensors decompresses to bfloat16 whatever the model's dtype (its
+# unpack_fp4_from_uint8 and e8m0 scales are bf16): transformers' forward then needs a bf16 model.
+BF16_DECOMPRESSED = ("NVFP4", "NVFP4A16", "MXFP8")
+_DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4 writes the first, 5 the second; both read either
+
+
+def output_config(source_config: dict, qconfig: dict, sentence_transformers: bool = False) -> dict:
+    """The source config.json with `qconfig` as ``quantization_config``.
+
+    With an NVFP4 / NVFP4A16 / MXFP8 group the model dtype becomes ``bfloat16`` (an fp32 or fp16
+    source's config would make transformers' default load compute in that dtype against bf16
+    weights: "self and mat2 must have the same dtype"; vLLM serves these in bf16 too).
+
+    `sentence_transformers` (the source has a ``modules.json``): ``run_compressed: false`` is added
+    to the block, so transformers decompresses the weights at load. sentence-transformers calls the
+    model's ``forward`` directly, which skips compressed-tensors' decompress-on-first-call hook:
+    ``SentenceTransformer(DST).encode`` failed with every preset. vLLM ignores the key."""
     cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
-    cfg["quantization_config"] = qconfig
+    if any(name in BF16_DECOMPRESSED for name in qconfig.get("config_groups", {})):
+        present = [k for k in _DTYPE_KEYS if k in cfg] or ["torch_dtype"]
+        for key in present:
+            cfg[key] = "bfloat16"
+    cfg["quantization_config"] = {**qconfig, "run_compressed": False} if sentence_transformers else qconfig
     return cfg

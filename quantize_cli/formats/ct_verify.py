@@ -94,6 +94,14 @@ def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None
         compare_with_source(source, quantized, scheme_of, recipe, res)
 
 
+def _per_element(w: TensorInfo) -> int:
+    """Weight elements per stored element along K: ``weight_packed`` holds two E2M1 codes per byte
+    (NVFP4, U8) or eight int4 codes per int32 (pack-quantized, I32); ``weight`` one."""
+    if w.leaf != "weight_packed":
+        return 1
+    return 8 if w.dtype == "I32" else 2
+
+
 def _check_listed(targets: dict[str, list[str]], quantized, tensors, res) -> None:
     """A module named exactly in a group's targets must hold quantized tensors (it exists, not kept)."""
     modules = {t.module for t in tensors.values()}
@@ -124,7 +132,7 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res) -> dict[str, 
             res.add(ERROR, "tensors", mod, f"{mod}: quantized module without a 2-D weight and its weight_scale")
             continue
         n, k = w.shape
-        shape = (n, 2 * k) if "weight_packed" in leaves else (n, k)
+        shape = (n, k * _per_element(w))
         dtype = scale.dtype if scale.dtype in ("BF16", "F16", "F32") else "BF16"
         spec = scheme.outputs_for(TensorInfo(f"{mod}.weight", dtype, shape, w.path, 0, 0))
         have = {k: v for k, v in leaves.items() if k.startswith(("weight", "input"))}
@@ -144,7 +152,7 @@ def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> N
     from .ct_exclusions import ct_misread
 
     recipe = load_recipe(None, config.get("model_type"))
-    view = {n: (TensorInfo(n, "BF16", (t.shape[0], t.shape[1] * (2 if t.leaf == "weight_packed" else 1)), t.path, t.offset, t.nbytes)
+    view = {n: (TensorInfo(n, "BF16", (t.shape[0], t.shape[1] * _per_element(t)), t.path, t.offset, t.nbytes)
                 if t.module in quantized and t.leaf in ("weight", "weight_packed") else t)
             for n, t in tensors.items() if not (t.module in quantized and t.leaf == "weight" and f"{t.module}.weight_packed" in tensors)}
     view = {(f"{t.module}.weight" if t.leaf == "weight_packed" else n): t for n, t in view.items()}

@@ -29,9 +29,14 @@ SERVED: dict[str, Served] = {
     "FP8_PB_WO": Served(vllm=True, mixed=True, mixed_moe=True),
     "NVFP4": Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True, trtllm=True, sglang=True),
     "W4A16_NVFP4": Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True),
-    "INT8": Served(vllm_moe=True, trtllm=True),  # written W8A16: TensorRT-LLM serves it, vLLM's ModelOpt loader does not
+    "INT8": Served(trtllm=True),  # written W8A16: TensorRT-LLM serves it, vLLM's ModelOpt loader does not
     "MXFP8": Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True),
+    "INT4": Served(trtllm=True),  # W4A16_AWQ: TensorRT-LLM; vLLM 0.33's ModelOpt loader has no W4A16_AWQ
+    "INT4_ASYM": Served(),  # never written as ModelOpt (REFUSED)
 }
+# Algorithms this format does not write, and why (a usage error, exit 2).
+REFUSED = {"INT4_ASYM": "ModelOpt's W4A16_AWQ (TensorRT-LLM) carries no zero points; use --format compressed-tensors "
+                        "(W4A16_ASYM, served by vLLM) or --algo INT4"}
 
 
 def _json_bytes(doc: dict, indent: int) -> bytes:
@@ -47,9 +52,17 @@ class ModelOpt(Format):
     served = SERVED
 
     def scheme(self, algo: str):
+        from ..errors import UsageError
         from ..schemes import get_scheme
 
-        return get_scheme(algo)
+        scheme = get_scheme(algo)
+        if scheme.algo in REFUSED:
+            raise UsageError(f"--algo {scheme.algo} --format modelopt: {REFUSED[scheme.algo]}")
+        return scheme
+
+    def refusal(self, algo: str) -> str | None:
+        """Why this format does not write `algo` (None: it does)."""
+        return REFUSED.get(algo)
 
     def exclusion_list(self, mods, packed) -> list[str]:
         from .modelopt_exclusions import build_exclude_modules

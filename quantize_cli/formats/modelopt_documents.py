@@ -30,10 +30,12 @@ def hf_quant_config(scheme: Scheme, exclude_modules: list[str], kv_cache_dtype: 
     quant: dict = {"quant_algo": scheme.quant_algo, "kv_cache_quant_algo": _kv_algo(kv_cache_dtype)}
     if scheme.group_size is not None:
         quant["group_size"] = scheme.group_size
+    quant.update(getattr(scheme, "config_fields", {}))  # INT4: has_zero_point, pre_quant_scale
     quant["exclude_modules"] = sorted(exclude_modules)
     doc = {"producer": dict(PRODUCER), "quantization": quant, "converter": {"name": "quantize", "version": __version__}}
     if getattr(scheme, "scale_search", "none") != "none":  # loaders ignore it; verify and people read it
         doc["converter"]["scale_search"] = scheme.scale_search
+        doc["converter"]["scale_search_weights"] = getattr(scheme, "weighting", "none")  # "activations": calibration E[x^2]
     if extra:
         doc["converter"].update(extra)
     return doc

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from ..checkpoint.safetensors_io import TensorInfo, read_tensor
+from ..checkpoint.safetensors_header import TensorInfo
 from ..errors import QuantizeError
 from ..modules.classify import LINEAR, classify, fused_groups, natural_key
 from ..modules.recipe import load_recipe, recipe_of_output
@@ -81,6 +79,8 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res: VerifyResult)
             continue
         spec = scheme.outputs(_logical_shape(scheme, w))
         have = {k: v for k, v in leaves.items() if k in QUANT_LEAVES or k.startswith("weight")}
+        if _contradicts(mod, scheme, have, spec, res):
+            continue
         for suffix in sorted(set(spec) - set(have)):
             res.add(ERROR, "tensors", f"{mod}.{suffix}", f"{mod}.{suffix}: missing; {scheme.quant_algo} needs {spec[suffix][0]}{list(spec[suffix][1])}")
         for suffix in sorted(set(have) - set(spec)):
@@ -91,7 +91,46 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res: VerifyResult)
                 res.add(ERROR, "tensors", f"{mod}.{suffix}",
                         f"{mod}.{suffix}: {got[0]}{list(got[1])}, but {scheme.quant_algo} needs {want[0]}{list(want[1])}")
     res.quantized = sorted(quantized, key=natural_key)
+    bad = {f.subject.rsplit(".", 1)[0] if f.subject not in quantized else f.subject
+           for f in res.findings if f.code in ("tensors", "contradiction")}
+    for mod in bad & set(quantized):  # reported: never read as the configs say (scales of another shape)
+        res.unreadable.add(mod)
     return quantized
+
+
+def _layout_of(have: dict[str, TensorInfo]) -> dict[str, tuple]:
+    return {k: (v.dtype, tuple(v.shape)) for k, v in have.items()}
+
+
+def _contradicts(mod: str, scheme: Scheme, have: dict[str, TensorInfo], spec: dict, res: VerifyResult) -> bool:
+    """When `mod`'s tensors are exactly another algorithm's (FP8_PB_WO block scales under a config
+    saying FP8), say that contradiction in one finding naming the tensor; True if said."""
+    got = _layout_of(have)
+    if got == {k: (d, tuple(sh)) for k, (d, sh) in spec.items()}:
+        return False
+    for other in SCHEMES.values():
+        if other.quant_algo == scheme.quant_algo:
+            continue
+        try:
+            want = other.outputs(other.logical_shape(have["weight"].shape))
+        except Exception:  # noqa: BLE001 - a shape the other scheme cannot take: not its tensors
+            continue
+        if got == {k: (d, tuple(sh)) for k, (d, sh) in want.items()}:
+            name = next((k for k in sorted(got) if got[k] != (spec.get(k) or (None, None))[:2]), "weight")
+            dtype, shape = got[name]
+            res.add(ERROR, "contradiction", f"{mod}.{name}",
+                    f"{mod}.{name}: {dtype}{list(shape)} is {other.algo}'s layout, but hf_quant_config.json / config.json "
+                    f"say quant_algo {scheme.quant_algo!r} (which needs {_needs(spec, name)}); the configs contradict the tensors: "
+                    f"fix quant_algo in both files, or convert again")
+            return True
+    return False
+
+
+def _needs(spec: dict, name: str) -> str:
+    if name not in spec:
+        return f"no {name}"
+    dtype, shape = spec[name]
+    return f"{dtype}{list(shape)}"
 
 
 def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, nested: dict | None = None, mixed: bool = False):
@@ -115,8 +154,12 @@ def _check_exclusions(tensors, quantized, config, exclude, res: VerifyResult, ne
 
 
 def _check_shared_scales(mods, recipe, scheme_of, tensors, res: VerifyResult) -> None:
+    import torch
+
+    from ..checkpoint.safetensors_io import read_tensor
+
     for group, members in fused_groups(mods, recipe).items():
-        if not all(m.quantize for m in members):
+        if not all(m.quantize for m in members) or any(m.name in res.unreadable for m in members):
             continue
         scheme = scheme_of(members[0].name)
         if scheme is None:

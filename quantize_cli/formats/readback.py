@@ -12,22 +12,20 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-import torch
-
-from ..checkpoint.safetensors_io import TensorInfo, read_header, read_tensor
+from ..checkpoint.safetensors_header import TensorInfo, read_header
 from ..checkpoint.source import regular_file_inside
 from ..errors import QuantizeError, display
 from ..jsonfile import MISSING, JsonFileError, load_json
 from ..modules.classify import natural_key
 from ..problems import ERROR, WARNING, Finding, FindingsResult
-from ..schemes.numerics import all_finite
 
 # Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
 SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0,
-                 "MXFP8": 20.0}
+                 "MXFP8": 20.0, "INT4": 10.0, "INT4_ASYM": 10.0}
 MEDIAN_MARGIN_DB = 6.0
 QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale",
-                 "weight_packed", "weight_global_scale", "input_global_scale")  # ModelOpt + compressed-tensors
+                 "weight_packed", "weight_global_scale", "input_global_scale",
+                 "weight_shape", "weight_zero_point")  # ModelOpt + compressed-tensors
 READ_CHUNK = 64 << 20
 
 
@@ -39,6 +37,7 @@ class VerifyResult(FindingsResult):
     quantized: list[str] = field(default_factory=list)
     errors_by_tensor: dict[str, dict] = field(default_factory=dict)
     input_scales: str | None = None  # static input scales: calibrated (on what) or constant; None when none
+    unreadable: set = field(default_factory=set)  # modules whose tensors contradict the configs (not read further)
 
     def add(self, level: str, code: str, subject: str, message: str) -> None:
         self.findings.append(Finding(level, code, subject, message))
@@ -119,6 +118,11 @@ def read_index(path: str, res: VerifyResult) -> dict[str, TensorInfo]:
 
 
 def check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
+    import torch
+
+    from ..checkpoint.safetensors_io import read_tensor
+    from ..schemes.numerics import all_finite
+
     for name, info in tensors.items():
         if info.dtype not in ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2") or not info.shape and info.nbytes == 0:
             continue
@@ -137,6 +141,7 @@ def check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
 
 
 def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
+    from ..checkpoint.safetensors_io import read_tensor
     from ..checkpoint.source import open_source
     from ..modules.experts import expand, read_virtual
     from ..schemes.numerics import error_fields, square_sums
@@ -147,7 +152,7 @@ def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResul
     algo_of = {}
     for mod, leaves in quantized.items():
         scheme = scheme_of(mod)
-        if scheme is None:
+        if scheme is None or mod in res.unreadable:  # its tensor findings say why it is not compared
             continue
         algo_of[f"{mod}.weight"] = scheme.algo
         ref = tensors.get(f"{mod}.weight")

@@ -22,6 +22,8 @@ VLLM_CT = {
     "W4A16_NVFP4": ("CompressedTensorsW4A4Fp4", False, "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "INT8": ("CompressedTensorsW8A8Int8", False, "CompressedTensorsW8A8Int8MoEMethod"),
     "MXFP8": ("CompressedTensorsW8A8Mxfp8", None, "CompressedTensorsW8A8Mxfp8MoEMethod"),  # no static-input flag
+    "INT4": ("CompressedTensorsWNA16", None, "CompressedTensorsWNA16MoEMethod"),  # Marlin / Machete / CUTLASS W4A16
+    "INT4_ASYM": ("CompressedTensorsWNA16", None, "CompressedTensorsWNA16MoEMethod"),  # uint4 with zero points
 }
 
 

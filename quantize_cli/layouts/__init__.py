@@ -6,7 +6,7 @@ plain ``weight``, so a stock loader fails loudly; the plain scales (``weight_sca
 ``weight_scale_2``, ``input_scale``) are kept unchanged beside them, so :func:`unpack` is exact
 even where the kernel's own scale format is lossy. ``unpack(pack(x)) == x`` byte for byte.
 
-Targets: vLLM 0.33.0 and flashinfer 0.7.2 (spec ``kernel-layouts.md``), tensor-parallel size 1.
+Targets: vLLM 0.33.0 and flashinfer 0.7.2 (docs/layouts.md names the function each layout reproduces), tensor-parallel size 1.
 
 This module is torch-free: what each layout writes (``*_shapes.py``) is all the plan needs; the
 packing modules (``marlin.py``, ``cutlass.py``, ``flashinfer.py``, torch) are imported by
@@ -78,6 +78,12 @@ _MXFP8_BLACKWELL = (
     "scale swizzle this converter does not pre-pack; use --layout marlin (SM80+) or --layout plain"
 )
 
+_INT4_MARLIN_ONLY = (
+    "INT4 W4A16 is pre-packed for vLLM's Marlin W4A16 GEMM (dense Linears, symmetric codes) only: vLLM 0.33.0 "
+    "serves int4 through Marlin / Machete / CUTLASS mixed-input kernels (CompressedTensorsWNA16), whose other "
+    "weight preps and the MoE stacks this converter does not reproduce; use --layout marlin or --layout plain"
+)
+
 _W4A16_ONLY = (
     "W4A16_NVFP4 is weight-only: vLLM 0.33.0 serves it with Marlin (or FlashInfer's CuTe-DSL "
     "W4A16 GEMM, whose weight prep this converter does not reproduce); use --layout marlin"
@@ -101,6 +107,10 @@ def support(layout: Layout | str, algo: str, moe: bool = False) -> Problem | Non
         return Problem(rule, subject, message)
 
     if layout is Layout.PLAIN:
+        return None
+    if algo in ("INT4", "INT4_ASYM"):
+        if algo == "INT4_ASYM" or moe or layout is not Layout.MARLIN:
+            return no(_INT4_MARLIN_ONLY)
         return None
     if algo == "MXFP8":
         return None if layout is Layout.MARLIN else no(_MXFP8_BLACKWELL)  # Marlin: dense and MoE stacks
@@ -335,6 +345,7 @@ def layout_metadata(layout: Layout | str, act_dtype: str | torch.dtype = "bfloat
             "target": VLLM, "activation_dtype": act, "is_a_8bit": False,
             "kernels": {"FP8*": "MarlinFP8ScaledMMLinearKernel (W8A16)", "NVFP4": "MarlinNvFp4LinearKernel (W4A16)",
                         "INT8": "MarlinLinearKernel uint8b128 (W8A16)", "MXFP8": "MarlinMxfp8LinearKernel (W8A16)",
+                        "INT4": "MarlinLinearKernel uint4b8 (W4A16, group 128)",
                         "MXFP8 MoE": "Marlin fused MoE (prepare_mxfp8_moe_layer_for_marlin)"},
             "tile": {"k": marlin_shapes.TILE_K, "n": marlin_shapes.TILE_N},
             "padding": "marlin_padded_nk: zero-pad to the cheaper of (N%64, K%128) / (N%128, K%64), "

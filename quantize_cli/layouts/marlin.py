@@ -16,7 +16,8 @@ B fragment: rows ``2t, 2t+1, 2t+8, 2t+9`` of columns ``col`` and ``col+8`` of a 
 
 The interleaved nibble/byte order lets the kernel turn codes into 16-bit floats with a couple of
 ``prmt``/``lop3`` instructions. Code conventions: FP8 and MXFP8 = the raw e4m3 byte, NVFP4 = the
-raw E2M1 nibble, INT8 = ``q + 128`` (``uint8b128``).
+raw E2M1 nibble, INT8 = ``q + 128`` (``uint8b128``), INT4 = ``q + 8`` (``uint4b8``, what
+``gptq_marlin_repack`` reads from GPTQ / compressed-tensors W4A16 checkpoints).
 
 Scales are ``[G, N]`` (G = 1 per tensor / per channel, K/group otherwise) in the activation dtype,
 permuted on the row-major flattening: grouped -> each 64-chunk 8x8-transposed; one group ->
@@ -25,7 +26,8 @@ each 32-chunk gathered with ``off = [0,1,8,9,16,17,24,25]`` (spec §1.3). Then f
 e4m3 bits by shifting; NVFP4 scales become S0E5M3 bytes (x scale_factor x2^7, runs of 4 swapped
 [0,2,1,3], values < 2 dropped) and the global scale carries x2^119 (bf16) / x2^7 (fp16) / scale_factor;
 MXFP8 e8m0 scale bytes ``[Kp/32, Np]`` only move (grouped permutation, runs of 4 swapped [0,2,1,3]),
-bf16 activations only.
+bf16 activations only; INT4 scales ``[Kp/128, Np]`` are the plain fp32 group scales rounded to the
+activation dtype, grouped permutation, no bias (the kernel turns ``q + 8`` into ``q`` itself).
 
 Shapes that fit neither (N%64, K%128) nor (N%128, K%64) are zero-padded to the cheaper family
 (``marlin_padded_nk``); the logical [N, K] is written beside as ``weight_shape_marlin``.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..schemes.int4 import INT4_GROUP, pack_row_pairs, unpack_row_pairs
 from ..schemes.mxfp8 import e8m0_to_float
 from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
 from ..schemes.numerics import unpack_nibbles
@@ -95,6 +98,8 @@ def unrepack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 def weight_codes(algo: str, weight: torch.Tensor) -> torch.Tensor:
     """Plain checkpoint weight -> uint8 codes ``[N, K]`` as the repack reads them (spec §1.1)."""
+    if algo == "INT4":  # ModelOpt [N/2, K] row pairs -> q + 8
+        return (unpack_row_pairs(weight) + 8).view(torch.uint8)
     if _bits(algo) == 4:
         return unpack_nibbles(weight.view(torch.uint8))  # [N, K/2] -> [N, K], low nibble = even k
     u = weight.view(torch.uint8)
@@ -103,6 +108,8 @@ def weight_codes(algo: str, weight: torch.Tensor) -> torch.Tensor:
 
 def codes_to_weight(algo: str, codes: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`weight_codes`."""
+    if algo == "INT4":
+        return pack_row_pairs((codes.to(torch.int16) - 8).to(torch.int8))
     if _bits(algo) == 4:
         return codes[:, 0::2] | (codes[:, 1::2] << 4)
     if algo == "INT8":
@@ -150,6 +157,14 @@ def channel_scales(algo: str, ws: torch.Tensor, n: int, np_: int, kp: int, act: 
     if algo == "INT8":
         return s
     return s * torch.tensor(FP8_BIAS[act], dtype=act, device=s.device)
+
+
+def int4_scales(ws: torch.Tensor, n: int, np_: int, kp: int, act: torch.dtype) -> torch.Tensor:
+    """fp32 ``[N, K/128]`` group scales -> Marlin ``[Kp/128, Np]`` in `act` (rounded to it first),
+    zero-padded, grouped permutation (the layout vLLM's MarlinLinearKernel gives uint4b8 scales)."""
+    s = ws.T.to(act)
+    s = F.pad(s, (0, np_ - n, 0, kp // INT4_GROUP - s.shape[0]))
+    return permute_scales(s, _grouped(INT4_GROUP, kp))
 
 
 def nvfp4_scale_factor(weight_scales: torch.Tensor | list[torch.Tensor], act: torch.dtype) -> float:
@@ -229,11 +244,13 @@ def pack(algo: str, plain: dict[str, torch.Tensor], act: torch.dtype, scale_fact
     _check_act(act)
     w, ws = plain["weight"], plain["weight_scale"]
     bits = _bits(algo)
-    n, k = w.shape[0], w.shape[1] * (2 if bits == 4 else 1)
+    n, k = (2 * w.shape[0], w.shape[1]) if algo == "INT4" else (w.shape[0], w.shape[1] * (2 if bits == 4 else 1))
     np_, kp = padded_nk(n, k, group_size(algo))
     codes = F.pad(weight_codes(algo, w), (0, kp - k, 0, np_ - n))  # padded codes decode to 0
     out = {"weight" + SUFFIX: repack_codes(codes, bits)}
-    if bits == 4:
+    if algo == "INT4":
+        out["weight_scale" + SUFFIX] = int4_scales(ws, n, np_, kp, act)
+    elif bits == 4:
         sf = nvfp4_scale_factor(ws, act) if scale_factor is None else float(scale_factor)
         out["weight_scale" + SUFFIX] = nvfp4_scales(ws, n, np_, kp, act, sf)
         out["weight_global_scale" + SUFFIX] = plain["weight_scale_2"].float() * NVFP4_GLOBAL_BIAS[act] / sf
@@ -274,6 +291,8 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
         return vals * s.repeat_interleave(MX_BLOCK, dim=0).T
     if algo == "INT8":
         vals = codes.float() - 128
+    elif algo == "INT4":  # uint4b8: the kernel subtracts 8 (exact in 16-bit floats)
+        vals = codes.float() - 8
     elif bits == 8:  # e4m3 s.eeee.mmm -> 16-bit float with the same exponent field, wrong bias
         shift = 4 if act == torch.bfloat16 else 7
         vals = (((codes & 0x80) << 8) | ((codes & 0x7F) << shift)).view(act).float()
@@ -282,13 +301,15 @@ def dequantize(algo: str, packed: dict[str, torch.Tensor], act: torch.dtype) -> 
         vals = (((codes & 0x8) << 12) | ((codes & 0x7) << shift)).view(act).float()
     s = packed["weight_scale" + SUFFIX]
     g = group_size(algo)
-    if bits == 4:
+    if algo == "INT4":
+        s = unpermute_scales(s, _grouped(g, kp)).float()
+    elif bits == 4:
         s = decode_nvfp4_scales(s, kp).float()
     else:
         s = unpermute_scales(s, _grouped(g, kp)).float()
     per_k = s.repeat_interleave(kp // s.shape[0], dim=0).T  # [Np, Kp]
     w = vals * per_k
-    if bits == 4:
+    if bits == 4 and algo != "INT4":
         w = w * packed["weight_global_scale" + SUFFIX]
     return w
 

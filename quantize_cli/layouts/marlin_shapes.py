@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
+from ..schemes.int4 import INT4_GROUP
 
 SUFFIX = "_marlin"
 TILE_K, TILE_N = 16, 64
@@ -21,13 +22,14 @@ def act_name(act) -> str:
 
 
 def bits(algo: str) -> int:
-    """Bits per Marlin code: 4 for the NVFP4 family, 8 otherwise."""
-    return 4 if algo in ("NVFP4", "W4A16_NVFP4") else 8
+    """Bits per Marlin code: 4 for the NVFP4 family and INT4, 8 otherwise."""
+    return 4 if algo in ("NVFP4", "W4A16_NVFP4", "INT4") else 8
 
 
 def group_size(algo: str) -> int:
-    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks), 16 (NVFP4) or 32 (MXFP8)."""
-    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_BLOCK}.get(algo, -1)
+    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks, INT4), 16 (NVFP4) or 32 (MXFP8)."""
+    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_BLOCK,
+            "INT4": INT4_GROUP}.get(algo, -1)
 
 
 def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:
@@ -52,7 +54,9 @@ def specs(algo: str, shape: tuple[int, int], act) -> dict[str, tuple[str, tuple[
     np_, kp = padded_nk(n, k, group_size(algo))
     b = bits(algo)
     out = {"weight" + SUFFIX: ("I32", (kp // 16, np_ * b // 2))}
-    if b == 4:
+    if algo == "INT4":  # uint4b8 codes; scales [Kp/128, Np] in the activation dtype, no global scale
+        out["weight_scale" + SUFFIX] = ("BF16" if act_name(act) == "bfloat16" else "F16", (kp // INT4_GROUP, np_))
+    elif b == 4:
         out["weight_scale" + SUFFIX] = ("F8_E4M3", (kp // NVFP4_GROUP, np_))
         out["weight_global_scale" + SUFFIX] = ("F32", ())
     elif algo == "MXFP8":

@@ -206,6 +206,12 @@ def _parse_dict(raw: dict, where: str) -> dict:
 
 def describe(name_or_path: str) -> str:
     """The resolved recipe as YAML (what ``quantize recipes show NAME`` prints)."""
+    if name_or_path not in _builtin_raw() and not os.path.isfile(name_or_path):
+        users = [n for n, raw in sorted(_builtin_raw().items()) if name_or_path in (raw.get("model_types") or ())]
+        hint = (f"model_type {name_or_path!r} converts with recipe {users[0]!r}: quantize recipes show {users[0]}" if users
+                else f"a checkpoint of model_type {name_or_path!r} converts with the 'default' recipe: quantize recipes show default")
+        raise UsageError(f"recipes show {name_or_path}: no shipped recipe and no file of that name ({hint}; "
+                         f"the recipes: {', '.join(builtin_names())})")
     r = load_recipe(name_or_path)
     doc = {
         "name": r.name,

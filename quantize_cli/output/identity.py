@@ -58,6 +58,15 @@ def _algo_for(v):
     return out
 
 
+def _calibration(plan):
+    """What of the calibration data decides bytes: the resolved activation scales and the search's weights."""
+    parts = [plan.act_scales.digest() if plan.act_scales is not None else None,
+             plan.search_weights.digest() if getattr(plan, "search_weights", None) is not None else None]
+    if not any(parts):
+        return None
+    return parts[0] if parts[1] is None else f"{parts[0] or ''}+search:{parts[1]}"
+
+
 @dataclass(frozen=True)
 class Decides:
     """One option that decides the output bytes.
@@ -91,7 +100,8 @@ IDENTITY: tuple[Decides, ...] = (
 # ConvertOptions fields that never change a byte of the output (tests/test_identity.py checks the split).
 NOT_IDENTITY = ("src", "dst", "device", "memory_budget", "resume", "dry_run", "overwrite", "report", "revision", "quiet",
                 "verify", "low_disk", "calib_data", "calib_samples", "calib_seq_len", "act_scales", "push_to_hub",
-                "private", "revision_out", "executor", "ray_address", "kernels", "strict", "eval", "base_model")
+                "private", "revision_out", "executor", "ray_address", "kernels", "strict", "eval", "base_model",
+                "max_ppl_increase", "max_kl", "min_top1")
 _BY_KEY = {d.key: d for d in IDENTITY}
 
 
@@ -134,7 +144,7 @@ class RunIdentity:
             "algo": plan.scheme.algo, "algo_for": list(opts.algo_for), "format": plan.format.name, "recipe": plan.recipe.name,
             "exclude": list(opts.exclude), "layout": opts.layout, "kv_cache_dtype": opts.kv_cache_dtype,
             "max_shard_size": opts.max_shard_size, "scale_search": opts.scale_search,
-            "calibration": plan.act_scales.digest() if plan.act_scales is not None else None,
+            "calibration": _calibration(plan),
         }
         options = {d.key: d.normalize(values[d.key]) for d in IDENTITY}
         paths = sorted({t.path for t in plan.source.tensors.values() if not t.path.startswith("hub://")})
@@ -143,7 +153,7 @@ class RunIdentity:
         layout = [(o.name, o.dtype, list(o.shape), o.shard, o.offset) for o in plan.outputs.values()]
         outputs = hashlib.sha256(json.dumps([layout, plan.shard_names]).encode()).hexdigest()
         flags: list[str] = ["--recipe", str(opts.recipe)] if opts.recipe else []
-        if plan.act_scales is not None:
+        if plan.act_scales is not None or getattr(plan, "search_weights", None) is not None:
             if opts.act_scales:
                 flags += ["--act-scales", str(opts.act_scales)]
             elif opts.calib_data is not None:

@@ -123,6 +123,68 @@ def check_push_options(push_to_hub: str | None, private: bool, revision_out: str
     _check_branch(revision_out)
 
 
+def check_push_access(repo_id: str) -> str:
+    """convert --push-to-hub, before the first byte: a token, valid, that may write `repo_id`.
+
+    Returns the token's user name. Raises PublishError (one line, token-free) where the push at the
+    end would fail for want of access, so no conversion runs for nothing (issue 26: the token was
+    checked only after the conversion, and the advised rerun of convert then met its own DST).
+    The Hub decides for an existing repo (``auth_check(write=True)``); for a new one the namespace
+    must be the user's or one of its organisations', with a token that may write there."""
+    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    fix = f"then rerun (nothing was converted), or drop --push-to-hub and run `quantize push DST {repo_id}` later"
+    if constants.HF_HUB_OFFLINE:
+        raise PublishError(f"--push-to-hub {repo_id}: HF_HUB_OFFLINE is set, so nothing can be published; unset it, {fix}")
+    if not get_token():
+        raise PublishError(f"--push-to-hub {repo_id}: no Hugging Face token; set HF_TOKEN or run `hf auth login`, {fix}")
+    api = HfApi()
+    try:
+        me = api.whoami()
+    except HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        what = "the token is not valid" if status == 401 else "checking the token failed"
+        raise PublishError(f"--push-to-hub {repo_id}: {what} ({_why(exc)}); set a valid HF_TOKEN or run `hf auth login`, {fix}") from exc
+    except Exception as exc:  # noqa: BLE001 - network errors come in many types
+        raise PublishError(f"--push-to-hub {repo_id}: cannot reach the Hub to check the token ({_why(exc)}); check the network, {fix}") from exc
+    name, token = me.get("name"), (me.get("auth") or {}).get("accessToken") or {}
+    if token.get("role") == "read":
+        raise PublishError(f"--push-to-hub {repo_id}: the token of {name} is read-only; use a token with write access, {fix}")
+    try:
+        api.auth_check(repo_id, write=True)
+        return name
+    except GatedRepoError as exc:  # a RepositoryNotFoundError subclass: the repo exists
+        raise PublishError(f"--push-to-hub {repo_id}: {name} may not write to this gated repo ({_why(exc)}); {fix}") from exc
+    except RepositoryNotFoundError:
+        pass  # a new repo: created at the end, in a namespace checked below
+    except HfHubHTTPError as exc:
+        raise PublishError(f"--push-to-hub {repo_id}: {name} may not write to this repo ({_why(exc)}); ask for write access "
+                           f"or choose another repo id, {fix}") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise PublishError(f"--push-to-hub {repo_id}: cannot reach the Hub to check write access ({_why(exc)}); {fix}") from exc
+    problem = _namespace_problem(repo_id.split("/")[0], name, me.get("orgs") or [], token)
+    if problem:
+        raise PublishError(f"--push-to-hub {repo_id}: {problem}; {fix}")
+    return name
+
+
+def _namespace_problem(owner: str, name: str, orgs: list, token: dict) -> str | None:
+    """Why the token of user `name` cannot create a repo under `owner` (whoami's facts), or None."""
+    roles = {o.get("name"): o.get("roleInOrg") for o in orgs if isinstance(o, dict)}
+    if owner != name and owner not in roles:
+        mine = ", ".join([name, *sorted(r for r in roles if r)])
+        return f"{name} cannot create repos under {owner!r} (the namespaces of this token: {mine})"
+    if owner in roles and roles[owner] == "read":
+        return f"{name} has the read role in the organisation {owner!r}; ask for write access"
+    if token.get("role") == "fineGrained":
+        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        if not any((e.get("entity") or {}).get("name") == owner and "repo.write" in (e.get("permissions") or [])
+                   for e in scoped if isinstance(e, dict)):
+            return f"the fine-grained token of {name} has no repo.write permission on {owner!r}; grant it, or create the repo first"
+    return None
+
+
 def _check_branch(revision_out: str | None) -> None:
     if revision_out is not None and (not revision_out.strip() or revision_out.startswith(("-", "/")) or " " in revision_out):
         raise UsageError(f"--revision-out {revision_out!r}: not a branch name")

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 
-from ..checkpoint.durable import copy_durable, write_atomic
+from ..checkpoint.durable import write_atomic
 from ..errors import DestinationError, QuantizeError
 from ..jsonfile import read_json_or_none
 from .destination import Destination
@@ -124,11 +124,9 @@ class WorkFolder:
                                    f"and rerun with --resume") from exc
 
     def _copy_sidecars(self, plan) -> None:
-        for name in plan.source.sidecars:
-            try:
-                copy_durable(os.path.join(plan.source.root, name), self.path(name))
-            except OSError as exc:
-                raise DestinationError(f"{name}: cannot copy sidecar file ({exc.strerror}); check space and permissions") from exc
+        from ..checkpoint.sidecars import copy_sidecars  # sub-folders too (sentence-transformers' 1_Pooling/): the rule is there
+
+        copy_sidecars(plan.source.root, plan.source.sidecars, self.partial)
 
     def write_card(self, text: str) -> None:
         """The model card, fsynced before the rename that publishes DST."""

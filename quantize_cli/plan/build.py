@@ -9,7 +9,7 @@ all of them, as findings (validate.py); ``convert`` refuses any error before a t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..checkpoint.safetensors_header import TensorInfo, nbytes_of
@@ -22,10 +22,12 @@ from ..schemes import Scheme
 from ..problems import ERROR, WARNING, Finding
 from .validate import dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding, moe_stack_finding, name_clash_finding, problem_findings, validate
 from . import mixed
+from .audience import modelopt_audience_finding
 from ..modules.experts import expert_names
 from ..layouts import Layout
 from ..layouts.packing import Packing, act_dtype_from_config
 from ..calibration.apply import ActScales, for_plan
+from ..calibration.search_weights import SearchWeights, for_plan as search_for_plan
 
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ class Plan:
     findings: list[Finding] = field(default_factory=list)
     packing: Packing | None = None
     act_scales: "ActScales | None" = None  # calibrated input/KV amax (calibration/apply.py); None: constants
+    search_weights: "SearchWeights | None" = None  # --scale-search mse with data: E[x_j^2] per module (calibration/search_weights.py)
     schemes: dict[str, Scheme] = field(default_factory=dict)  # mixed precision: module -> its scheme
     scheme_rules: dict[str, str] = field(default_factory=dict)  # mixed precision: module -> the rule that chose it
     format: "Format" = None  # type: ignore[assignment]  # the output format (formats/): documents, exclusions, serving
@@ -351,6 +354,8 @@ def build_plan(
         scheme = next(iter(schemes.values()), scheme)
         schemes, rules_used = {}, {}
     findings += validate(mods, groups, scheme, recipe, source.config, exclude, entries, source.warnings, tp, schemes, fmt)
+    audience = modelopt_audience_finding(source.config, source.sidecars, not fmt.transformers_loads)  # an encoder transformers cannot load
+    findings += [audience] if audience else []
     if schemes:
         layout = "plain"  # refused above (mixed.findings) when another was asked for
     packing = _packing(layout, scheme, source.config, findings)
@@ -361,6 +366,9 @@ def build_plan(
     if packing is not None:
         findings += dense_layout_findings(mods, packing, stacks)
     calib = for_plan(act_scales, mods, groups, lambda m: schemes.get(m, scheme), kv_cache_dtype, findings)  # a ScalesDoc or None
+    search = search_for_plan(act_scales, mods, groups, scheme, findings)
+    if search is not None:  # recorded in hf_quant_config.json (converter.scale_search_weights)
+        scheme = replace(scheme, weighting="activations")
     kv_outs = {n: OutTensor(n, "F32", (), 4) for n in (calib.kv_tensors() if calib else {})}
     order = {path: i for i, path in enumerate(dict.fromkeys(t.path for t in tensors.values()))}
     outs, shard_names = _assign_shards({**_outputs(mods, scheme, packing, stacks, schemes, findings), **kv_outs}, parse_size(max_shard_size))
@@ -379,6 +387,7 @@ def build_plan(
         findings=findings,
         packing=packing,
         act_scales=calib,
+        search_weights=search,
         schemes=schemes,
         scheme_rules=rules_used,
         format=fmt,

@@ -89,11 +89,19 @@ def findings(mods: dict[str, Module], groups: dict[str, list[Module]], moe: dict
                 out.append(Finding(ERROR, "algo-split", prefix,
                     f"{prefix}: the {kind} would mix algorithms ({picked}); vLLM loads it as one layer with one method; "
                     f"make the pattern cover all of {prefix!r} or none of it"))
-    for rule in rules:
-        if not any(rule.matches(m) for m in mods.values() if m.quantize):
+    quantized = [m for m in mods.values() if m.quantize]
+    for i, rule in enumerate(rules):
+        matched = [m for m in quantized if rule.matches(m)]
+        if not matched:
             out.append(Finding(WARNING, "pattern-unmatched", rule.pattern,
                 f"--algo-for {rule.pattern!r} matches no quantized Linear (vLLM's exact/substring/wildcard rules on module "
                 f"names such as model.layers.0.self_attn.q_proj); check the pattern"))
+            continue
+        shadows = [r for r in rules[:i] if any(r.matches(m) for m in matched)]
+        if shadows and all(any(r.matches(m) for r in shadows) for m in matched):  # first match wins: never used
+            out.append(Finding(WARNING, "pattern-shadowed", rule.pattern,
+                f"{rule.text} is shadowed: every module it matches ({len(matched)}, e.g. {matched[0].name}) is taken first by "
+                f"{' and '.join(r.text for r in shadows)} (the first matching rule wins); reorder the rules or drop this one"))
     if not is_mixed(schemes):
         return out
     used = {s.algo for s in schemes.values()}

@@ -47,6 +47,11 @@ class ConvertOptions:
     algo_for: tuple[str, ...] = ()
     kernels: str = "auto"
     base_model: str | None = None
+    strict: bool = False  # warnings known before the first byte are errors (plan/preflight.py)
+    eval: bool = False  # `quantize eval` of the finished work folder against SRC, before it becomes DST (eval/)
+    max_ppl_increase: float | None = None  # --eval's gates (eval/report.py): the run fails and DST is not written
+    max_kl: float | None = None
+    min_top1: float | None = None
 
     def __post_init__(self):
         # Lists from library callers become tuples: the value stays immutable (and hashable).

@@ -126,11 +126,16 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     return result
 
 
-def raise_problems(plan: Plan) -> None:
-    """Refuse a plan with problems: all of them at once, before any tensor is read."""
+def raise_problems(plan: Plan, strict: bool = False, warned=()) -> None:
+    """Refuse a plan with problems: all of them at once, before any tensor is read; with `strict`
+    (``--strict``) one with warnings too (the plan's and `warned`, said while planning)."""
     if plan.problems:
         n = len(plan.problems)
         raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:", details=plan.problems)
+    if strict:
+        from .preflight import strict_refusal
+
+        strict_refusal(list(warned) + plan.warnings, plan.source.label)
 
 
 def check_options(opts: ConvertOptions) -> Checked:
@@ -138,6 +143,7 @@ def check_options(opts: ConvertOptions) -> Checked:
     decides which is said first). How it runs (--executor, --device, --kernels) is checked next by
     run.options.check_run_options; DST, --report and --push-to-hub by the output lifecycle."""
     from ..formats import format_named
+    from .preflight import check_calibration
 
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
@@ -154,6 +160,7 @@ def check_options(opts: ConvertOptions) -> Checked:
     if opts.low_disk and local_src:
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     _local_options(src, opts.revision, opts.exclude)
+    check_calibration(opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales)
     if not opts.dry_run and not dst:
         raise UsageError("convert needs -o DST (or --dry-run)")
     return Checked(budget, fmt, not local_src)
@@ -163,7 +170,8 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> 
     """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers."""
     algos = [opts.algo] + [rule.scheme.algo for rule in parse_algo_for(opts.algo_for, ok.format)]
     doc = _scales(opts.src, algos, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, device,
-                  ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8")
+                  ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8",
+                  opts.scale_search)
     # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
     # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
     headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
@@ -172,18 +180,19 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> 
                    algo_for=opts.algo_for)
 
 
-def print_plan(plan: Plan) -> None:
-    """--dry-run: the plan, one line per module, then refuse its problems (all at once)."""
+def print_plan(plan: Plan, strict: bool = False) -> None:
+    """--dry-run: the plan, one line per module, then refuse its problems (all at once) and, with
+    ``--strict``, its warnings (as ``check --strict``)."""
     print(plan.to_text(), flush=True)
-    raise_problems(plan)
+    raise_problems(plan, strict)
 
 
 def _scales(src, algos, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
-            dry_run=False, kv_cache=False):
+            dry_run=False, kv_cache=False, scale_search=None):
     """--calib-data / --act-scales -> the ScalesDoc the plan resolves (calibration/entry.py), or None."""
     if calib_data is None and act_scales is None and calib_samples is None and calib_seq_len is None:
         return None  # the data-free path: nothing of calibration (nor transformers) is imported
     from ..calibration.entry import scales_for_convert
 
     return scales_for_convert(src, algos, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet,
-                              low_disk, recipe, con.info, con.warn, dry_run, kv_cache)
+                              low_disk, recipe, con.info, con.warn, dry_run, kv_cache, scale_search)

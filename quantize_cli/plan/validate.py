@@ -23,8 +23,9 @@ module decides their level. Tensor-parallel splits are facts of parallel.py. The
     warning  source, uncalibrated, int8-vllm, pattern-unmatched, nothing-quantized
 
 Rooms with rules of their own, collected into the same findings: mixed.py (``--algo-for``:
-algo-split, mixed-unserved, mixed-moe-unserved), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
-experts-no-tokens) and check.py (pattern analysis: pattern-partial-group, pattern-substring).
+algo-split, mixed-unserved, mixed-moe-unserved, pattern-shadowed), calibration/apply.py (calibration, calib-ignored, kv-uncalibrated,
+experts-no-tokens), audience.py (transformers-modelopt: an encoder written as ModelOpt) and check.py (pattern
+analysis: pattern-partial-group, pattern-substring).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def moe_findings(mods: dict[str, Module], scheme: Scheme, fmt, check_format: boo
                 f"{prefix}: {len(kept)} of its {len(experts)} expert Linears are excluded (e.g. {kept[0]}); vLLM loads all "
                 f"experts of a layer as one module, so exclude the whole layer (--exclude {prefix!r}) or none"))
     served = [p for p, ex in layers.items() if any(m.quantize for m in ex)]
-    if served and check_format and not fmt.moe_served(scheme.algo):
+    if served and check_format and fmt.moe_unserved(scheme.algo):
         out.append(Finding(ERROR, "moe-format", served[0],
             f"{len(served)} MoE layer(s) (e.g. {served[0]}): vLLM's ModelOpt MoE path serves only FP8 (per-tensor), MXFP8, "
             f"NVFP4 and W4A16_NVFP4 experts, not {scheme.algo}; fix: --exclude '*.experts' to keep the experts in "
@@ -113,9 +114,12 @@ def warning_findings(mods: dict[str, Module], scheme: Scheme, exclude, source_wa
                 f"{s.algo} uses static activation scales and no calibration data was given: every input_scale is the "
                 f"documented constant {s.static_input_scale:g} (activation amax 448); accuracy is not calibrated; "
                 f"calibrate with --calib-data default (docs/calibration.md)"))
-    if scheme.algo == "INT8" and quantized and not schemes and fmt is not None and not fmt.served[scheme.algo].vllm:
-        out.append(Finding(WARNING, "int8-vllm", scheme.algo,
-            "INT8 is written as ModelOpt W8A16, which TensorRT-LLM serves but vLLM's ModelOpt loader does not"))
+    served = fmt.served.get(scheme.algo) if fmt is not None else None
+    if quantized and not schemes and served is not None and not served.vllm and fmt.engines([scheme.algo]):
+        # written, and served by another engine (the format's table), but not by vLLM: say so, and where vLLM serves it
+        out.append(Finding(WARNING, f"{scheme.algo.lower()}-vllm", scheme.algo,
+            f"{scheme.algo} is written as {fmt.name} {scheme.quant_algo}, which {' and '.join(fmt.engines([scheme.algo]))} "
+            f"serves but vLLM 0.33's {fmt.name} loader does not; --format compressed-tensors is served by vLLM"))
     for pat in exclude:
         if not any(pat in m.matched_by for m in mods.values()):
             out.append(Finding(WARNING, "pattern-unmatched", pat,
@@ -156,16 +160,18 @@ def name_clash_finding(name: str) -> Finding:
 def layout_request(layout: str, algo: str, act_problem: str | None) -> tuple[Finding | None, bool]:
     """--layout `layout` for `algo`: (its refusal or None, whether dense Linears are packed).
 
-    `act_problem`: why the activation dtype is unknown (config.json), or None. Where the dense
-    kernel reads the plain bytes (rule ``layout-no-bytes-move``, e.g. CUTLASS FP8) but its MoE
-    kernel has a layout of its own, dense Linears are written plain and MoE stacks packed."""
+    `act_problem`: why the activation dtype is unknown (config.json), or None. One rule for every
+    algorithm (docs/layouts.md): where the dense kernel reads the plain bytes (rule
+    ``layout-no-bytes-move``: CUTLASS FP8 / FP8_PER_CHANNEL_PER_TOKEN / FP8_PB_WO / INT8,
+    FlashInfer FP8 / FP8_PB_WO) dense Linears are written plain; MoE stacks are packed where the
+    layout has an MoE kernel (refused per layer where it has none: build._moe_stacks), and a plan
+    where nothing moves at all says so (warning ``layout-plain``; an error under --strict)."""
     from .. import layouts
 
     if act_problem is not None:
         return Finding(ERROR, "layout", layout, f"--layout {layout}: {act_problem}"), False
     dense = layouts.support(layout, algo)
-    moe = layouts.support(layout, algo, moe=True)
-    if dense and (moe or dense.rule != LAYOUT_NO_BYTES_MOVE):
+    if dense and dense.rule != LAYOUT_NO_BYTES_MOVE:
         return Finding(ERROR, "layout", layout, f"--layout {layout} --algo {algo}: {dense.message}"), False
     return None, dense is None
 

@@ -5,6 +5,6 @@ work folder (``partial``, the ``done`` tasks, ``journal``) and :class:`~.context
 every remaining task at its planned offset and journal it. Inside: ``schedule`` (every task's steps
 and reads), ``pipeline`` (read ahead, write behind), ``compute`` (quantize, pack, check), ``execute``
 (the coordinator), ``kernel_choice`` (``--kernels``), ``options`` (``--executor``/``--device``/
-``--kernels`` checks). Ray (``partition``, ``ray_executor``, ``ray_tasks``) is an optional extra,
-imported only inside those modules.
+``--kernels`` checks). Ray (``partition``, ``ray_executor``, ``ray_tasks``) is an optional extra
+(``pip install 'quantize-cli[ray]'``), imported only inside those modules.
 """

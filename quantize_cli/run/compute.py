@@ -69,7 +69,8 @@ class ComputeStage:
         fetch: ``Read -> tensor`` (the read stage's data, already on `device`); release(read)
             returns its bytes to the read budget.
         write: ``(output name, tensor, byte offset)`` to the write stage.
-        quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels), default the reference.
+        quantize_fn: ``(scheme, w, global_amax) -> dict`` (the Triton kernels), default the reference;
+            with the plan's search weights it is also given ``channel_weights=`` (fp32 ``[K]``).
         resolve: where a NaN scan reads a tensor (the --low-disk resolver), or None.
     """
 
@@ -81,7 +82,7 @@ class ComputeStage:
         self.fetch = fetch
         self.release = release
         self.write = write
-        self.quantize_fn = quantize_fn or (lambda scheme, w, g: scheme.quantize(w, g))
+        self.quantize_fn = quantize_fn or (lambda scheme, w, g, **kw: scheme.quantize(w, g, **kw))
         self.measure_error = measure_error
         self.progress = progress or (lambda n: None)
         self.resolve = resolve
@@ -146,7 +147,12 @@ class ComputeStage:
         m, req = step.member, step.read
         w = state.held.pop(step.slot) if step.held else self.fetch(req)
         with self.timers.time("compute"):
-            out = self._calibrated(m.module, self.quantize_fn(scheme, w, state.shared if step.shared else None))
+            gamax = state.shared if step.shared else None
+            cw = self.plan.search_weights.of(m.module) if self.plan.search_weights is not None else None  # E[x_j^2]
+            q = self.quantize_fn(scheme, w, gamax) if cw is None else self.quantize_fn(scheme, w, gamax, channel_weights=cw)
+            out = self._calibrated(m.module, q)
+            if req.start == 0:  # shape-only outputs (compressed-tensors' weight_shape): once per tensor, at offset 0
+                out.update(scheme.shape_outputs((m.source.shape[0], w.shape[1])))
             if step.collect:  # whole members: refuse NaN at once (the packing would carry it)
                 check_finite(m.source, out, self.resolve)
             else:

@@ -37,7 +37,7 @@ def check_run_options(opts, fmt) -> RunChecked:
         device, ray_device = "cpu", ray_executor.check_options(opts.executor, opts.device)
     else:
         device, ray_device = check_device_name(opts.device), None
-    kernels = check_kernels(opts.kernels, ray_device or "auto", fmt.reference_math_only)  # the device is checked in resolve_run
+    kernels = check_kernels(opts.kernels, ray_device or device, fmt.reference_math_only)  # "auto": checked again resolved
     return RunChecked(device, ray_device, kernels)
 
 

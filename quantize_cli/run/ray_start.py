@@ -29,7 +29,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise UsageError("--executor ray: Ray is not installed; pip install 'quantize[ray]'") from None
+        raise UsageError("--executor ray: Ray is not installed; pip install 'quantize-cli[ray]'") from None
     return ray
 
 

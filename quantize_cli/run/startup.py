@@ -3,7 +3,8 @@
 ``convert`` calls :func:`begin` as soon as the options are checked and :func:`end` on its way out:
 
 - the local executor: the CUDA context and the Triton kernels of each device, on daemon threads
-  (:func:`~.context.warm_device`);
+  (:func:`~.context.warm_device`), when the device is resolved before planning (calibration, a Hub
+  source); otherwise :func:`warm` runs once the plan's refusals are said (no torch before them);
 - ``--executor ray``: joining or starting Ray and creating the workers, which import torch, create
   their CUDA contexts and load the kernels meanwhile (:func:`~.ray_start.start_early`). Nothing
   for a dry run, nor for a ``--resume`` of a finished DST (no byte to write).
@@ -27,6 +28,12 @@ def begin(how, opts, finished: bool) -> None:
 
             ray_start.start_early(opts.ray_address, how.ray_device)
         return
+    warm(how)
+
+
+def warm(how) -> None:
+    """The CUDA context and the kernels of each local device on daemon threads (nothing for the
+    CPU, Ray's driver, or a device still a name: resolved only after the plan's refusals)."""
     for dev in how.device if isinstance(how.device, tuple) else (how.device,):
         warm_device(dev)
 
@@ -38,4 +45,4 @@ def end() -> None:
         ray_start.abandon_early()
 
 
-__all__ = ["begin", "end"]
+__all__ = ["begin", "end", "warm"]

@@ -12,6 +12,7 @@ from ..algorithms import ALGORITHMS, ALGOS, FP8_BLOCK, algo_of_quant_algo, canon
 from ..errors import UsageError
 from .base import Scheme
 from .fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+from .int4 import Int4Group
 from .int8 import Int8PerChannel
 from .mxfp8 import Mxfp8
 from .nvfp4 import Nvfp4
@@ -25,6 +26,8 @@ _CLASSES = {
     "W4A16_NVFP4": (Nvfp4, {}),
     "INT8": (Int8PerChannel, {}),
     "MXFP8": (Mxfp8, {}),
+    "INT4": (Int4Group, {"row_align": 2}),  # two output rows per byte
+    "INT4_ASYM": (Int4Group, {"row_align": 2}),  # its numerics' reference; ModelOpt never writes it (formats/modelopt.py)
 }
 
 

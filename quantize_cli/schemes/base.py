@@ -6,9 +6,10 @@ Schemes are pure torch: no files, no modules, any device. Their description (nam
 shapes, shape rules) needs no torch, so planning (``check``, ``--dry-run``) imports none: torch is
 imported inside the numeric methods only.
 
-Every output is either 0-d (derived from the global amax alone) or indexed by output row along
-dim 0, so a tensor may be quantized in row chunks (multiples of ``row_align``) and the chunks
-concatenated: that is how large tensors are processed with bounded memory.
+Every output is either 0-d (derived from the global amax alone), indexed by output row along
+dim 0, or a function of the source shape alone (:meth:`Scheme.shape_outputs`), so a tensor may be
+quantized in row chunks (multiples of ``row_align``) and the chunks concatenated: that is how
+large tensors are processed with bounded memory.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class Scheme:
     def logical_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         """The source weight shape ``[N, K]`` of a stored ``weight`` (packed formats override)."""
         return tuple(stored)
+
+    def shape_outputs(self, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """Outputs that depend on the source shape ``[N, K]`` alone (compressed-tensors' INT4
+        ``weight_shape``): written once per tensor, with its first row chunk. Most schemes: none."""
+        return {}
 
     def outputs(self, shape: tuple[int, int]) -> dict[str, Spec]:
         """The tensors written for a weight of `shape`: suffix -> (safetensors dtype, shape)."""

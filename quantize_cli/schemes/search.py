@@ -26,12 +26,22 @@ kernels choose the same candidate as this reference, bit for bit:
                                                  is the squared error in units of 2^-SHIFT RTN-scale^2
     err = sum over the group of int64(t)       truncated to integers: an exact, order-free sum
 
-SHIFT is 28 for rows and blocks (rows up to ~300k elements cannot overflow int64) and 40 for
-16-groups. The candidate with the smallest ``err`` wins; candidates are scanned in the order
-above and a later one must be strictly smaller, so ties go to RTN, then to the larger scale. The
-truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per element:
-the searched group's fp64 error is never above RTN's by more than ``L * 2^-SHIFT * 4^(e0+1)``
-(``L`` elements), which the property test checks.
+SHIFT is 28 for rows and blocks (rows up to ~300k elements cannot overflow int64, weighted or
+not: normalized weights are at most 1) and 40 for 16-groups. The candidate with the smallest
+``err`` wins; candidates are scanned in the order above and a later one must be strictly smaller,
+so ties go to RTN, then to the larger scale. The truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per
+element: the searched group's fp64 error is never above RTN's by more than
+``L * 2^-SHIFT * 4^(e0+1)`` (``L`` elements), which the property test checks.
+
+Activation-weighted search (``channel_weights``, the calibration's ``E[x_j^2]`` per input channel
+j, see :mod:`.weighted`): each element's term is weighted by its column's normalized weight ``c``
+(divided by the group's largest, so in [0, 1]; :func:`.weighted.normalized`), in this order:
+
+    t   = ((d * d) * c) * 2^(SHIFT - 2 e0)
+
+and the bound above holds for the weighted error divided by the group's largest weight. Candidates,
+groups and the written bytes' format are those of the unweighted search; equal weights give its
+bytes exactly (they normalize to 1.0).
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from .numerics import (
     square_sums,
 )
 from .nvfp4 import Nvfp4, block_scales, global_scale
+from .weighted import check as check_weights, normalized
 
 ROW_MULTIPLIERS = tuple(1.0 - 0.02 * i for i in range(16))  # as fp32: torch.tensor(ROW_MULTIPLIERS)
 NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)
@@ -74,11 +85,16 @@ def error_units(s0: torch.Tensor, shift: int) -> torch.Tensor:
     return ((1023 + shift - 2 * e0).to(torch.int64) << 52).view(torch.float64)
 
 
-def group_error(x64: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+def group_error(x64: torch.Tensor, v: torch.Tensor, s: torch.Tensor, units: torch.Tensor,
+                cw: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [G]: the module doc's ``err`` of ``x64`` [G, L] (the fp32 groups as fp64) dequantized
-    as ``v`` [G, L] (fp32 code values) times ``s`` [G] (fp64 scale)."""
+    as ``v`` [G, L] (fp32 code values) times ``s`` [G] (fp64 scale); ``cw`` fp64 [G or 1, L]: the
+    normalized channel weights of the group's elements (None: unweighted)."""
     d = v.double().mul_(s[:, None]).neg_().add_(x64)  # x - v * s: the product is exact in fp64
-    return d.mul_(d).mul_(units[:, None]).to(torch.int64).sum(dim=1)
+    d = d.mul_(d)
+    if cw is not None:
+        d = d.mul_(cw)
+    return d.mul_(units[:, None]).to(torch.int64).sum(dim=1)
 
 
 def search(x: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor | None,
@@ -107,6 +123,11 @@ def search(x: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor | None
     return best
 
 
+def _indices(sl: slice, total: int, device) -> torch.Tensor:
+    """int64 indices of the groups ``sl`` selects among `total` (which column block each one is)."""
+    return torch.arange(*sl.indices(total), device=device)
+
+
 # -- rows and blocks (INT8, FP8 per channel, FP8 128x128) ----------------------------------------
 def _int8_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (x / s[:, None]).round_().clamp_(-128, 127)
@@ -116,14 +137,16 @@ def _fp8_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return fp8_cast(x / s[:, None]).float()
 
 
-def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values) -> torch.Tensor:
-    """Searched fp32 scales [G] of groups ``x`` [G, L] with max |x| ``amax`` [G] (see module doc)."""
+def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values, weights=None) -> torch.Tensor:
+    """Searched fp32 scales [G] of groups ``x`` [G, L] with max |x| ``amax`` [G] (see module doc).
+
+    `weights`: ``sl -> fp64 [g or 1, L]`` normalized channel weights of the groups ``x[sl]``, or None."""
     mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=x.device)
     cands = scale_from_amax(amax[None, :] * mults[:, None], qmax)  # [16, G], row 0 == RTN
     units = error_units(cands[0], ROW_SHIFT)
 
     def evaluate(xs, x64, s, sl):
-        return group_error(x64, values(xs, s), s.double(), units[sl])
+        return group_error(x64, values(xs, s), s.double(), units[sl], None if weights is None else weights(sl))
 
     best = search(x, cands, None, evaluate)
     return cands.gather(0, best[None, :])[0]
@@ -137,22 +160,35 @@ def _blocks(w: torch.Tensor) -> torch.Tensor:
     return x.reshape(nb, BLOCK, kb, BLOCK).transpose(1, 2).reshape(nb * kb, BLOCK * BLOCK)
 
 
-def quantize_rows(scheme: Scheme, w: torch.Tensor) -> dict[str, torch.Tensor]:
+def quantize_rows(scheme: Scheme, w: torch.Tensor, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Searched INT8 / FP8 per-channel: the reference's tensors with searched row scales."""
     int8 = isinstance(scheme, Int8PerChannel)
     x = w.float()
     amax = block_amax(w, (1, w.shape[1]))[:, 0]
-    s = search_amax_scales(x, amax, INT8_MAX if int8 else E4M3_MAX, _int8_values if int8 else _fp8_values)
+    cw = check_weights(channel_weights, w.shape[1])
+    rows = None if cw is None else normalized(cw, w.shape[1], w.device)[None, :]  # one group: the whole row
+    s = search_amax_scales(x, amax, INT8_MAX if int8 else E4M3_MAX, _int8_values if int8 else _fp8_values,
+                           None if rows is None else (lambda sl: rows))
     q = _fp32(w).div_(s[:, None])
     q = q.round_().clamp_(-128, 127).to(torch.int8) if int8 else fp8_cast(q)
     return {"weight": q, "weight_scale": s}
 
 
-def quantize_blocks(w: torch.Tensor) -> dict[str, torch.Tensor]:
+def quantize_blocks(w: torch.Tensor, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Searched FP8_PB_WO: 128x128 block scales ``[nb, 1, kb, 1]``."""
     n, k = w.shape
     amax = block_amax(w, (BLOCK, BLOCK))  # [nb, kb]
-    s = search_amax_scales(_blocks(w), amax.reshape(-1), E4M3_MAX, _fp8_values).reshape(amax.shape)
+    cw = check_weights(channel_weights, k)
+    weights = None
+    if cw is not None:
+        kb = amax.shape[1]
+        per_block = torch.nn.functional.pad(normalized(cw, BLOCK, w.device), (0, kb * BLOCK - k)).reshape(kb, BLOCK)
+        tiled = per_block.repeat(1, BLOCK)  # [kb, 128*128]: a block's elements, row-major, take their column's weight
+
+        def weights(sl):
+            return tiled[_indices(sl, amax.numel(), w.device) % kb]
+
+    s = search_amax_scales(_blocks(w), amax.reshape(-1), E4M3_MAX, _fp8_values, weights).reshape(amax.shape)
     q = fp8_cast(_fp32(w).div_(expand_blocks(s, (BLOCK, BLOCK), (n, k))))
     return {"weight": q, "weight_scale": s[:, None, :, None].contiguous()}
 
@@ -162,8 +198,9 @@ def _e4m3(codes: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.uint8).view(torch.float8_e4m3fn)
 
 
-def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
-    """Searched e4m3 ``[N, K/16]`` block scales of ``w`` [N, K] against the global scale ``wsf2``."""
+def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor, channel_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Searched e4m3 ``[N, K/16]`` block scales of ``w`` [N, K] against the global scale ``wsf2``
+    (weighted by ``channel_weights`` [K] when given)."""
     n, k = w.shape
     rtn = block_scales(w, wsf2).reshape(-1)
     code0 = rtn.view(torch.uint8).long()
@@ -174,11 +211,14 @@ def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
     x = w.float().reshape(-1, NVFP4_GROUP)
     w64 = wsf2.double()
     units = error_units(rtn.float() * wsf2, NVFP4_SHIFT)
+    cw = check_weights(channel_weights, k)
+    groups = None if cw is None else normalized(cw, NVFP4_GROUP, w.device).reshape(k // NVFP4_GROUP, NVFP4_GROUP)
 
     def evaluate(xs, x64, code, sl):
         bs = _e4m3(code).float()
         v = e2m1_values(e2m1_codes(xs / (bs * wsf2)[:, None]))
-        return group_error(x64, v, bs.double() * w64, units[sl])
+        g = None if groups is None else groups[_indices(sl, x.shape[0], w.device) % groups.shape[0]]
+        return group_error(x64, v, bs.double() * w64, units[sl], g)
 
     best = search(x, codes, valid, evaluate)
     return _e4m3(codes.gather(0, best[None, :])[0]).reshape(n, k // NVFP4_GROUP)
@@ -192,10 +232,11 @@ def nvfp4_payload(w: torch.Tensor, bs8: torch.Tensor, wsf2: torch.Tensor) -> tor
     return pack_nibbles(e2m1_codes(q))
 
 
-def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | None,
+                   channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     gamax = scheme.global_amax(w) if global_amax is None else global_amax
     wsf2 = global_scale(gamax.to(w.device))
-    bs8 = nvfp4_block_scales(w, wsf2)
+    bs8 = nvfp4_block_scales(w, wsf2, channel_weights)
     out = {"weight": nvfp4_payload(w, bs8, wsf2), "weight_scale": bs8, "weight_scale_2": wsf2}
     if scheme.static_input_scale is not None:
         out["input_scale"] = scheme.input_scale_tensor

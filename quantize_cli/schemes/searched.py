@@ -26,6 +26,9 @@ class Searched(Scheme):
 
     base: Scheme | None = None
     scale_search: str = "mse"
+    # "activations": the plan passes each module's calibration E[x_j^2] (channel_weights) to quantize;
+    # "none": the data-free search (every input channel alike). Recorded in hf_quant_config.json.
+    weighting: str = "none"
 
     def shape_problem(self, shape):
         return self.base.shape_problem(shape)
@@ -36,14 +39,16 @@ class Searched(Scheme):
     def dequantize(self, q):
         return self.base.dequantize(q)
 
-    def quantize(self, w, global_amax=None):
+    def quantize(self, w, global_amax=None, channel_weights=None):
+        """`base`'s tensors with searched scales; `channel_weights` ``[K]`` (fp32 ``E[x_j^2]`` of the
+        calibration inputs, :mod:`.weighted`) weights each input channel's error, None: all alike."""
         from .search import quantize_blocks, quantize_nvfp4, quantize_rows
 
         if isinstance(self.base, Nvfp4):
-            return quantize_nvfp4(self.base, w, global_amax)
+            return quantize_nvfp4(self.base, w, global_amax, channel_weights)
         if isinstance(self.base, Fp8Block):
-            return quantize_blocks(w)
-        return quantize_rows(self.base, w)
+            return quantize_blocks(w, channel_weights)
+        return quantize_rows(self.base, w, channel_weights)
 
 
 def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:

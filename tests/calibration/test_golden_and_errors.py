@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def _scales_doc(golden_scales, edit) -> dict:
 def test_bad_act_scales(tmp_path, golden_scales, edit, words):
     p = tmp_path / "s.json"
     p.write_text(json.dumps(_scales_doc(golden_scales, edit)))
+    shutil.copy(golden_scales.replace(".json", ".channels.safetensors"), tmp_path)  # version 2: the statistics beside it
     with pytest.raises(QuantizeError) as e:
         _convert(tmp_path, golden_checkpoint("tiny-llama"), act_scales=str(p))
     assert words in e.value.message + " ".join(e.value.details)
@@ -159,7 +161,7 @@ def test_base_install_never_imports_transformers(tmp_path):
     out = subprocess.run([sys.executable, "-c", BASE_ONLY, golden_checkpoint("tiny-llama"), str(tmp_path / "o"), CALIB],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "pip install 'quantize[calib]'" in out.stdout
+    assert "pip install 'quantize-cli[calib]'" in out.stdout
     assert os.path.exists(tmp_path / "o" / "model.safetensors")
 
 

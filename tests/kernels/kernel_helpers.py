@@ -84,7 +84,7 @@ def signed(values: torch.Tensor) -> torch.Tensor:
     return torch.cat([values, -values])
 
 
-def reference(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) -> dict:
+def reference(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None, channel_weights: torch.Tensor | None = None) -> dict:
     """``scheme.quantize`` run on the CPU: the specification the kernels must equal.
 
     Not on the GPU: there torch divides a tensor by a Python scalar (``amax / 448`` in
@@ -93,4 +93,6 @@ def reference(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None) 
     compute.
     """
     g = None if global_amax is None else global_amax.detach().cpu()
+    if channel_weights is not None:  # a searched scheme's activation weights
+        return scheme.quantize(w.detach().cpu(), g, channel_weights.detach().cpu())
     return scheme.quantize(w.detach().cpu(), g)

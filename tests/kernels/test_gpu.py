@@ -73,6 +73,16 @@ def test_int8_every_fp32_value():
         assert_same(kernels.quantize("INT8", w), ref, "INT8 table")
 
 
+def test_int4_every_fp32_value():
+    """INT4 with group amax 7 (scale 1): every fp32 value in [-7, 7] rounds half to even, clamped."""
+    for v in fp32_range(0.0, 7.0):
+        v = v[: v.numel() // 254 * 254].reshape(-1, 127)  # an even number of rows (two per byte)
+        w = torch.cat([torch.full((v.shape[0], 1), 7.0, device=CUDA), v], dim=1)
+        ref = SCHEMES["INT4"].quantize(w)
+        assert torch.all(ref["weight_scale"] == 1.0)
+        assert_same(kernels.quantize("INT4", w), ref, "INT4 table")
+
+
 @pytest.mark.parametrize("algo", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "MXFP8"])
 def test_software_e4m3_equals_hardware(algo):
     """The software e4m3 path (interpreter, pre-sm_89 GPUs) gives the hardware path's bytes."""
@@ -175,7 +185,7 @@ LARGE = [(4096, 4096 + 48), (1000, 11008), (333, 20000), (512, 28672)]
 def test_large_shapes(algo, shape):
     """Realistic sizes, incl. rows longer than one tile (K > 16384: the two-pass row path)."""
     w = weight(shape).to(CUDA)
-    if algo == "MXFP8" and SCHEMES[algo].shape_problem(shape):  # K % 32 != 0: the kernel refuses, as the plan does
+    if algo in ("MXFP8", "INT4", "INT4_ASYM") and SCHEMES[algo].shape_problem(shape):  # the kernel refuses, as the plan does
         with pytest.raises(ValueError):
             kernels.quantize(algo, w)
         return
@@ -219,6 +229,8 @@ def test_more_than_2_31_elements():
                 got[key] = v  # derived from the global amax alone
             elif algo == "FP8_PB_WO" and key == "weight_scale":
                 got[key] = v[tail.start // 128 :]  # [nb, 1, kb, 1]: the last two block rows
+            elif algo.startswith("INT4") and key == "weight":
+                got[key] = v[tail.start // 2 :]  # [N/2, K]: two rows per byte
             else:
                 got[key] = v[tail]
         assert_same(got, reference(scheme, w[tail], gamax), f"{algo} tail rows")

@@ -71,6 +71,54 @@ def test_stack_equals_items(make_weight):
         assert_same({k: v[e] for k, v in out.items()}, ref, f"expert {e}")
 
 
+# -- activation-weighted search (channel_weights): the same bytes as the reference ----------------
+def channel_weights(k: int, seed: int, device) -> torch.Tensor:
+    """Weights like a calibration's E[x_j^2]: a wide range, exact zeros, one massive channel."""
+    g = torch.Generator().manual_seed(seed)
+    cw = torch.exp2(torch.randn(k, generator=g) * 6)
+    cw[torch.rand(k, generator=g) < 0.1] = 0.0
+    cw[k // 3] = 3e7
+    return cw.to(device)
+
+
+def check_weighted(algo, w, cw, gamax=None):
+    out = kernels.quantize(SEARCHED[algo], w, gamax, channel_weights=cw)
+    assert_same(out, reference(SEARCHED[algo], w, gamax, cw), f"weighted {algo} {tuple(w.shape)} {w.dtype}")
+    return out
+
+
+WEIGHTED_CASES = [
+    ("INT8", (5, 40), torch.bfloat16),
+    ("INT8", (3, 1100), torch.float16),
+    ("FP8_PER_CHANNEL_PER_TOKEN", (7, 24), torch.float32),
+    ("FP8_PB_WO", (130, 150), torch.bfloat16),  # the second column of blocks is cut: its weights too
+    ("W4A16_NVFP4", (70, 48), torch.bfloat16),  # groups of three columns blocks: g % (K/16) picks them
+    ("NVFP4", (3, 48), torch.float16),
+]
+
+
+@pytest.mark.parametrize("algo,shape,dtype", WEIGHTED_CASES, ids=lambda v: str(v))
+def test_weighted_kernel_equals_reference(algo, shape, dtype, make_weight, device):
+    w = make_weight(shape, dtype, seed=9)
+    out = check_weighted(algo, w, channel_weights(shape[1], 10, device))
+    plain = kernels.quantize(SEARCHED[algo], w)  # the weights must matter here, or the test proves nothing
+    assert not torch.equal(out["weight_scale"].float(), plain["weight_scale"].float())
+
+
+def test_weighted_stack_takes_each_items_weights(make_weight, device):
+    """quantize_stack with [E, K] weights == each expert with its own weights."""
+    w = torch.stack([make_weight((4, 32), seed=s) for s in (11, 12)])
+    cw = torch.stack([channel_weights(32, 13, device), channel_weights(32, 14, device)])
+    out = kernels.quantize_stack(SEARCHED["W4A16_NVFP4"], w, channel_weights=cw)
+    for e in range(2):
+        assert_same({k: v[e] for k, v in out.items()}, reference(SEARCHED["W4A16_NVFP4"], w[e], None, cw[e]), f"expert {e}")
+
+
+def test_weights_need_a_searched_scheme(make_weight, device):
+    with pytest.raises(ValueError, match="without --scale-search mse"):
+        kernels.quantize(SCHEMES["NVFP4"], make_weight((2, 32)), channel_weights=torch.ones(32, device=device))
+
+
 # -- GPU twins: the same contract on larger shapes (run with -m gpu on the GPU machine) -----------
 GPU_CASES = [(s, torch.bfloat16) for s in [(1, 16), (100, 96), (200, 176), (130, 272), (256, 4096), (384, 14336)]] + [
     ((130, 272), torch.float16), ((256, 384), torch.float32)]
@@ -83,6 +131,15 @@ GPU_CASES = [(s, torch.bfloat16) for s in [(1, 16), (100, 96), (200, 176), (130,
 def test_gpu_kernel_equals_reference(algo, shape, dtype):
     w = weight(shape, dtype, seed=7).cuda()
     check(algo, w)
+
+
+@pytest.mark.parametrize("algo", list(SEARCHED))
+@pytest.mark.parametrize("shape,dtype", GPU_CASES, ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_weighted_kernel_equals_reference(algo, shape, dtype):
+    w = weight(shape, dtype, seed=7).cuda()
+    check_weighted(algo, w, channel_weights(shape[1], 15, "cuda"))
 
 
 @pytest.mark.parametrize("algo", list(SEARCHED))

@@ -23,6 +23,7 @@ from quantize_cli import layouts as L
 from quantize_cli.layouts import Layout
 from quantize_cli.layouts import cutlass as C
 from quantize_cli.schemes import SCHEMES
+from quantize_cli.schemes.int4 import expand_groups, unpack_row_pairs
 from quantize_cli.schemes.numerics import e2m1_values, expand_blocks, unpack_nibbles
 
 from .helpers import DENSE, MOE, moe_plain, quantize
@@ -49,6 +50,8 @@ def _kernel_reference(layout: Layout, algo: str, plain: dict, act: torch.dtype) 
             sf = L.marlin.nvfp4_scale_factor(ws, act)
             s = torch.where(s * sf * 2**7 < 2, torch.zeros_like(s), s)
         return _nvfp4(w, s, plain["weight_scale_2"])
+    if algo == "INT4":  # codes x group scales rounded to the activation dtype
+        return unpack_row_pairs(w).float() * expand_groups(ws.to(act).float())
     if algo == "MXFP8":  # e4m3 x 2^(byte - 127), one byte per 32 along K
         return w.float() * torch.exp2(ws.float() - 127).repeat_interleave(32, dim=1)
     s = ws.to(act).float()  # Marlin keeps FP8 / INT8 scales in the activation dtype
@@ -61,7 +64,7 @@ def _kernel_reference(layout: Layout, algo: str, plain: dict, act: torch.dtype) 
 
 def _cases():
     for layout, algo in DENSE:
-        for shape in ((256, 384), (200, 176), (384, 128)):
+        for shape in ((256, 384), (200, 176), (384, 128), (200, 256)):
             if L.shape_problem(layout, algo, shape) is None:
                 for act in ((torch.bfloat16, torch.float16) if layout is Layout.MARLIN else (torch.bfloat16,)):
                     yield pytest.param(layout, algo, shape, act, id=f"{layout.value}-{algo}-{shape}-{str(act)[6:]}")

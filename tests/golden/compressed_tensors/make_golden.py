@@ -23,7 +23,8 @@ small, and removes the tokenizer/generation sidecars. Usage, from the repository
 
     /root/llmc-venv/bin/python tests/golden/compressed_tensors/make_golden.py [PRESET|mixed ...]
 
-(no argument: everything; e.g. ``MXFP8 mixed`` regenerates only those).
+(no argument: everything; e.g. ``MXFP8 mixed`` regenerates only those; ``W4A16 W4A16_ASYM`` the INT4
+presets on ``tiny-llama`` and ``int4-edge/``, whose weights have K in whole 128-groups).
 """
 
 import glob
@@ -38,6 +39,7 @@ from safetensors.torch import load_file, save_file
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(HERE, "..", "checkpoints", "tiny-llama")
 PRESETS = ["FP8_BLOCK", "FP8_DYNAMIC", "W8A8", "NVFP4A16", "MXFP8"]
+INT4_PRESETS = ["W4A16", "W4A16_ASYM"]  # run on tiny-llama and int4-edge (K in whole 128-groups), not edge
 MOE_CONFIG = dict(hidden=256, moe_intermediate=64, experts=2, layers=1, vocab=64)  # quantize_cli.example.qwen3_moe_config
 MOE_SEED = 5
 
@@ -89,6 +91,42 @@ def mx_edge_tensors() -> dict:
         out[f"model.layers.0.mlp.mx{i}_proj.weight"] = w.to(dtype)
     out["lm_head.weight"] = (torch.randn(64, 128, generator=g) * 0.02).to(torch.bfloat16)
     return out
+
+
+def int4_edge_tensors() -> dict:
+    """INT4 (group 128) edge cases in bf16 / fp16 / fp32: an all-zero row and group, -0.0, groups
+    whose scale underflows the dtype (eps), evenly spaced values (rounding ties after the bf16
+    quotient), all-positive / all-negative / constant groups (the asymmetric zero point at both
+    clamps), one outlier dwarfing its group, and groups of very different magnitudes."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(256, 384, generator=g) * 0.05
+    w *= torch.exp2(torch.randint(-8, 3, (256, 3), generator=g).float()).repeat_interleave(128, dim=1)
+    w[3] = 0.0  # all-zero row
+    w[5] = -0.0
+    w[7, :128] = 1e-38  # scale under bf16's smallest normal / 7.5: eps
+    w[9] = torch.linspace(-1, 1, 384)
+    w[11, :128] = torch.rand(128, generator=g) + 0.5  # all positive: lo = 0, zero point -8
+    w[11, 128:256] = -torch.rand(128, generator=g) - 0.5  # all negative: zero point 7
+    w[11, 256:] = 0.25  # constant
+    w[13, 5] = 40.0  # one outlier
+    w[15, :128] = 0.0  # an all-zero group
+    return {
+        "model.layers.0.mlp.down_proj.weight": w.to(torch.bfloat16),
+        "model.layers.0.self_attn.o_proj.weight": (torch.randn(128, 256, generator=g) * 0.02).to(torch.bfloat16),
+        "model.layers.0.mlp.fp16_proj.weight": (torch.randn(64, 128, generator=g) * 3).to(torch.float16),
+        "model.layers.0.mlp.fp32_proj.weight": torch.randn(64, 128, generator=g) * 1e-3,
+        "model.norm.weight": torch.ones(256, dtype=torch.bfloat16),
+        "lm_head.weight": (torch.randn(64, 256, generator=g) * 0.02).to(torch.bfloat16),
+    }
+
+
+def write_int4_edge(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    save_file(int4_edge_tensors(), os.path.join(folder, "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 64}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
 
 
 def write_mx_edge(folder: str) -> None:
@@ -176,7 +214,7 @@ def run_mixed() -> None:
 
 
 def main() -> None:
-    wanted = sys.argv[1:] or PRESETS + ["mixed"]
+    wanted = sys.argv[1:] or PRESETS + INT4_PRESETS + ["mixed"]
     edge = os.path.join(HERE, "edge")
     if not os.path.exists(edge):
         write_edge(edge)
@@ -190,6 +228,11 @@ def main() -> None:
         mx_edge = os.path.join(HERE, "mx-edge")
         write_mx_edge(mx_edge)
         run(mx_edge, os.path.join(HERE, "mx-edge-MXFP8"), "MXFP8")
+    for preset in [p for p in INT4_PRESETS if p in wanted]:
+        int4_edge = os.path.join(HERE, "int4-edge")
+        write_int4_edge(int4_edge)
+        run(TINY, os.path.join(HERE, f"tiny-llama-{preset}"), preset)
+        run(int4_edge, os.path.join(HERE, f"int4-edge-{preset}"), preset)
     if "mixed" in wanted:
         run_mixed()
     import compressed_tensors
