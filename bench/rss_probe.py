@@ -46,6 +46,7 @@ def main() -> None:
     import torch
 
     from quantize_cli.api import convert
+    from quantize_cli.plan.options import ConvertOptions
 
     samples, stop = [], threading.Event()
 
@@ -63,7 +64,7 @@ def main() -> None:
 
     threading.Thread(target=sample, daemon=True).start()
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(a.src))) as tmp:
-        res = convert(a.src, os.path.join(tmp, "out"), algo=a.algo, device=a.device, memory_budget=a.budget, quiet=True)
+        res = convert(ConvertOptions(a.src, os.path.join(tmp, "out"), algo=a.algo, device=a.device, memory_budget=a.budget, quiet=True))
     stop.set()
     time.sleep(0.05)
     gb = 1e9

@@ -101,6 +101,7 @@ def bench_e2e(args) -> list[dict]:
     from e2e import make_checkpoint  # the shared synthetic checkpoint builder
 
     from quantize_cli.api import convert
+    from quantize_cli.plan.options import ConvertOptions
 
     src, dst = os.path.join(args.work, "src"), os.path.join(args.work, "dst")
     make_checkpoint(src, args.layers, args.vocab, "cuda")
@@ -113,8 +114,9 @@ def bench_e2e(args) -> list[dict]:
                 proc.run(f"cat {src}/*.safetensors > /dev/null", shell=True, check=True)
                 os.sync()
                 t = time.perf_counter()
-                res = convert(src, dst, algo=algo, device="cuda", quiet=True, overwrite=True, scale_search=method if method != "weighted" else "mse",
-                              act_scales=scales if method == "weighted" else None)
+                res = convert(ConvertOptions(src, dst, algo=algo, device="cuda", quiet=True, overwrite=True,
+                                             scale_search=method if method != "weighted" else "mse",
+                                             act_scales=scales if method == "weighted" else None))
                 os.sync()
                 times[method].append(time.perf_counter() - t)
                 bytes_in = res.plan.bytes_in

@@ -32,7 +32,10 @@ def missing_test_packages(find=importlib.util.find_spec) -> list[str]:
 
 def pytest_configure(config):
     """A package of the test extra that is missing fails the run here, instead of its tests skipping."""
-    missing = missing_test_packages()
+    # The GPU machine has no registry: QUANTIZE_TESTS_WITHOUT=ray lets `-m gpu` run there without the
+    # packages named (their tests then fail, never skip). CI never sets it.
+    allowed = set(filter(None, os.environ.get("QUANTIZE_TESTS_WITHOUT", "").split(",")))
+    missing = [n for n in missing_test_packages() if n not in allowed]
     if missing:
         raise pytest.UsageError(f"the test install lacks {', '.join(missing)}; install it with pip install -e '.[test]' "
                                 "(the tests that need it fail rather than skip)")
