@@ -32,8 +32,11 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
+
+T0 = time.monotonic()  # --deadline counts from here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -69,10 +72,10 @@ def ray_head(a, env: dict):
         os.unlink(where)
     head = proc.start([sys.executable, "-c", _HEAD, where, "0" if a.cpu else "1"], os.path.join(a.workdir, "ray-head.log"),
                       env={**env, "CUDA_VISIBLE_DEVICES": "0"})
-    deadline = time.monotonic() + a.timeout
+    deadline = time.monotonic() + min(a.timeout, 120)
     while not os.path.exists(where):
         if head.poll() is not None or time.monotonic() > deadline:
-            proc.stop(head)
+            proc.stop(head, timeout=20)
             print(f"the Ray head did not start (see {a.workdir}/ray-head.log): no 'joined' runs", flush=True)
             return None, None
         time.sleep(0.2)
@@ -97,8 +100,8 @@ def digests(folder: str) -> dict[str, str]:
 
 
 class Bench:
-    def __init__(self, a):
-        self.a = a
+    def __init__(self, a, meta: dict):
+        self.a, self.meta = a, meta
         self.rows: list[dict] = []
         self.ref: dict[tuple, dict] = {}
         self.env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -112,10 +115,21 @@ class Bench:
         os.makedirs(root, exist_ok=True)
         cmd = [sys.executable, "-c", _WRAP, sys.executable, "-m", "quantize_cli", "convert", src, "-o", dst, "--algo", algo,
                "--max-shard-size", shard, "-q", "--report", report, *args]
+        row = {"input": size, "algo": algo, "shard": shard, "run": name, "dst": where, "ok": False}
+        left = self.a.deadline - (time.monotonic() - T0)
+        if left < self.a.min_run_s:  # the whole call must end inside the device tool's limit, table printed
+            row["error"] = [f"skipped: {left:.0f} s left of --deadline {self.a.deadline:.0f}"]
+            self.emit(row)
+            return
         t = time.perf_counter()
-        p = proc.run(cmd, timeout=self.a.timeout, capture_output=True, text=True, cwd=ROOT, env={**self.env, **(env or {})})
+        try:
+            p = proc.run(cmd, timeout=min(self.a.timeout, left), capture_output=True, text=True, cwd=ROOT, env={**self.env, **(env or {})})
+        except subprocess.TimeoutExpired:
+            row.update(wall_s=round(time.perf_counter() - t, 2), error=[f"timed out after {min(self.a.timeout, left):.0f} s"])
+            self.emit(row)
+            return
         wall = time.perf_counter() - t
-        row = {"input": size, "algo": algo, "shard": shard, "run": name, "dst": where, "wall_s": round(wall, 2), "ok": p.returncode == 0}
+        row.update(wall_s=round(wall, 2), ok=p.returncode == 0)
         if p.returncode:
             row["error"] = (p.stderr or "").strip().splitlines()[-1:] or [f"exit {p.returncode}"]
             self.emit(row)
@@ -141,6 +155,14 @@ class Bench:
     def emit(self, row: dict) -> None:
         self.rows.append(row)
         print(_line(row), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        """--json after every row: what was measured comes back even if the call is cut short."""
+        if self.a.json:
+            with open(self.a.json + ".tmp", "w") as f:
+                json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
+            os.replace(self.a.json + ".tmp", self.a.json)
 
 
 HEADER = ("| input | algo | shard | run | DST | wall s | input GB/s | plan s | convert s | Ray connect / ready s | worker warm s "
@@ -164,6 +186,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
     ap.add_argument("--inputs", default="big=16x128256,small=2x32000", help="NAME=LAYERSxVOCAB of bench/e2e.py's checkpoint")
     ap.add_argument("--cpu", action="store_true", help="CPU stand-ins (cpu, cpu,cpu, Ray --device cpu): to try the script")
+    ap.add_argument("--deadline", type=float, default=520,
+                    help="seconds for the whole call: no run starts after it, a run is cut at it (the device tool stops a call at 600 s)")
+    ap.add_argument("--min-run-s", type=float, default=25, help="a run starts only with at least this many seconds left")
     ap.add_argument("--json")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -192,8 +217,16 @@ def main() -> None:
         meta.update(ray=ray.__version__, triton=triton.__version__)
     except ImportError as exc:
         meta["missing"] = str(exc)
+    if "shm" not in skip:
+        need = 0.7 * _bytes(srcs.get("big")) + (1 << 30)  # the largest output (FP8: about half the bf16 input) and slack
+        os.makedirs(a.shm, exist_ok=True)
+        free = shutil.disk_usage(a.shm).free
+        meta["shm_free_gb"] = round(free / 1e9, 1)
+        if free < need:
+            print(f"{a.shm}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} GB needed: no DST-in-memory runs", flush=True)
+            skip.add("shm")
     print(json.dumps(meta), flush=True)
-    b = Bench(a)
+    b = Bench(a, meta)
     head, address = (None, None) if "joined" in skip else ray_head(a, b.env)
     print(HEADER, flush=True)
     if a.cpu:  # Ray's local instance with one worker (4 CPUs), or as many as the CPUs give
@@ -218,14 +251,19 @@ def main() -> None:
                 b.run("ray-1 joined", "big", srcs["big"], algo, shard, where,
                       ["--executor", "ray", "--device", ray_dev, "--ray-address", address])
     if head is not None:
-        proc.stop(head)
+        proc.stop(head, timeout=20)
     shutil.rmtree(a.shm, ignore_errors=True)
     print("\n" + json.dumps(meta) + "\n\n" + HEADER)
     for r in b.rows:
         print(_line(r))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "rows": b.rows}, f, indent=1)
+    b.save()
+    print(f"\n{time.monotonic() - T0:.0f} s in all", flush=True)
+
+
+def _bytes(folder: str | None) -> int:
+    if not folder:
+        return 0
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder) if n.endswith(".safetensors"))
 
 
 if __name__ == "__main__":
