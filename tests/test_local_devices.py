@@ -170,3 +170,21 @@ def test_a_run_on_two_pipelines_killed_midway_resumes_on_one(sources, tmp_path):
     convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, device="cpu", resume=True)
     convert(src, str(tmp_path / "one"), algo="NVFP4", quiet=True, max_shard_size=SHARD, device="cpu")
     assert output_files(out) == output_files(tmp_path / "one")
+
+
+@pytest.mark.gpu
+def test_gpu_pipelines_write_the_bytes_of_the_cpu_reference(sources, tmp_path):
+    """GPU machine (-m gpu, no Ray needed): one pipeline per GPU (both GPUs where there are two, else
+    two pipelines on one) with the Triton kernels, same bytes and journal digests as one CPU pipeline."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail("-m gpu needs a CUDA GPU")
+    devices = "cuda:0,cuda:1" if torch.cuda.device_count() >= 2 else "cuda:0,cuda:0"
+    for algo in ("NVFP4", "FP8", "FP8_PB_WO"):
+        opts = dict(algo=algo, quiet=True, max_shard_size=SHARD)
+        convert(sources["dense"], str(tmp_path / f"cpu-{algo}"), device="cpu", **opts)
+        res = convert(sources["dense"], str(tmp_path / f"gpu-{algo}"), device=devices, report=str(tmp_path / "r.json"), **opts)
+        assert output_files(tmp_path / f"gpu-{algo}") == output_files(tmp_path / f"cpu-{algo}")
+        assert checksums(tmp_path / f"gpu-{algo}") == checksums(tmp_path / f"cpu-{algo}")
+        assert {s["pipeline"] for s in res.report["devices"]["shards"]} == {0, 1}
