@@ -82,7 +82,8 @@ def main() -> None:
         if not os.path.isdir(dst):
             api.convert(api.ConvertOptions(src, dst, algo=algo, device=a.device, quiet=True))
         out = subprocess.run([sys.executable, "-c", _CHILD, src, dst, data, a.device, str(a.samples), str(a.seq_len),
-                              "1" if a.weights_only else "0"], capture_output=True, text=True, cwd=ROOT)
+                              "1" if a.weights_only else "0"], capture_output=True, text=True, cwd=ROOT,
+                             timeout=3600)  # issue 25: every bench command ends
         line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             sys.exit(f"{algo}: eval failed:\n{out.stderr[-3000:]}")

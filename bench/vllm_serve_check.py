@@ -61,7 +61,7 @@ def main() -> None:
             for algo in a.algos:
                 dst = os.path.join(tmp, f"{fmt}-{algo}")
                 conv = subprocess.run([sys.executable, "-m", "quantize_cli", "convert", "example:tiny-llama", "-o", dst,
-                                       "--algo", algo, "--format", fmt, "-q"], capture_output=True, text=True)
+                                       "--algo", algo, "--format", fmt, "-q"], capture_output=True, text=True, timeout=600)
                 if conv.returncode:
                     rows.append({"format": fmt, "algo": algo, "ok": False, "error": "convert: " + conv.stderr.strip()[-200:]})
                     continue

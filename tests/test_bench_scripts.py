@@ -35,3 +35,19 @@ def test_bench_calls_convert_with_one_convert_options(script):
         if name != "ConvertOptions":
             bad.append(f"{script}:{call.lineno}")
     assert not bad, f"api.convert takes one ConvertOptions (quantize_cli/plan/options.py): {bad}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_bench_subprocess_has_a_timeout(script):
+    """A benchmark command that hangs must end (issue 25: a Ray head blocked on its pipe held a run for
+    8 minutes): every ``subprocess.run`` / ``proc.run`` call in a bench script passes ``timeout=``, or is
+    proc.run (its default, bench/proc.py). Wrapper code inside strings (run under a timed parent) is not parsed."""
+    tree = ast.parse(open(os.path.join(BENCH, script)).read(), script)
+    bad = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in {
+                ("subprocess", "run"), ("subprocess", "call"), ("subprocess", "check_call"), ("subprocess", "check_output")}:
+            if not any(k.arg == "timeout" for k in node.keywords):
+                bad.append(f"{script}:{node.lineno}")
+    assert not bad, f"a bench subprocess without timeout= (or use bench/proc.py's run): {bad}"
