@@ -28,8 +28,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 sys.path.insert(0, ROOT)
 
-ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "INT8", "MXFP8")
-STATIC = ("FP8", "NVFP4")  # algorithms whose input scales calibration changes
+from quantize_cli.algorithms import ALGORITHMS  # noqa: E402  (after the path fix above)
+from quantize_cli.formats.modelopt import REFUSED  # noqa: E402
+
+ALGOS = tuple(a for a in ALGORITHMS if a not in REFUSED)  # every algorithm the ModelOpt format writes
+STATIC = tuple(a for a in ALGOS if ALGORITHMS[a].static)  # algorithms whose input scales calibration changes
 # vLLM serves these weight-only on Hopper (Marlin); NVFP4 weight-only is W4A16_NVFP4's row (the same weights)
 WEIGHT_ONLY_TOO = ("MXFP8",)
 

@@ -29,6 +29,11 @@ def test_gpu_equals_cpu(tmp_path, algo):
     assert rb.run["device"].startswith("cuda") and rb.run["peak_blocks_materialized"] == 2
     # GPU fp32 GEMMs sum in another order: mostly 1e-6, but an activation on a rounding boundary may flip a code
     kl = torch.nn.functional.kl_div(torch.log_softmax(b, -1), torch.log_softmax(a, -1), log_target=True, reduction="batchmean")
-    assert kl < 1e-4 and (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.97, ((a - b).abs().max(), kl)
+    # (a random tiny model has near-ties: FP8_PER_CHANNEL_PER_TOKEN flipped 1 of 33 on an H100). The top-1
+    # must agree wherever the CPU's two best logits are apart by more than that position's logits moved.
+    top2 = a.topk(2, -1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * (a - b).abs().amax(-1)
+    assert kl < 1e-4, ((a - b).abs().max(), kl)
+    assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear]), clear.float().mean()
     assert ra.metrics["positions"] == rb.metrics["positions"]
     assert abs(ra.metrics["perplexity"] - rb.metrics["perplexity"]) < 1e-3 * ra.metrics["perplexity"]
