@@ -160,6 +160,13 @@ class ShardStream:
         from .pipeline import AsyncWriter, ByteBudget, ReadStage, Timers
 
         pin = self.device.type == "cuda"
+        if pin and self.device.index is not None:
+            import torch
+
+            # Triton launches on the thread's current device, whatever its arguments' device: a
+            # stream for cuda:1 whose thread still points at cuda:0 fails ("cannot be accessed
+            # from Triton"; seen on a 2-GPU H200 with --device cuda:0,cuda:1).
+            torch.cuda.set_device(self.device)
         timers, reads, writes = Timers(), ByteBudget(1, pinned=pin), ByteBudget(1, pinned=pin)
         Executor._split(self._limit(startup_baseline(self.device)), reads, writes)
         reader = ReadStage(self._reads(), reads, self._load, self.device, True, timers)
