@@ -87,11 +87,11 @@ def mx(x: torch.Tensor, amax: float) -> torch.Tensor:
 
 def activation_quant(scheme) -> ActQuant | None:
     """The serve-time activation quantization of `scheme` (None: activations stay bf16)."""
-    from ..formats import format_of
+    from ..formats.ct_schemes import CtScheme
 
     algo = scheme.algo
     if algo == "INT8":
-        return int8_per_token if format_of(scheme) == "compressed-tensors" else None
+        return int8_per_token if isinstance(scheme, CtScheme) else None
     return {"FP8": fp8_static, "NVFP4": nvfp4, "FP8_PER_CHANNEL_PER_TOKEN": fp8_per_token, "FP8_PB_WO": fp8_groups,
             "MXFP8": mx}.get(algo)
 

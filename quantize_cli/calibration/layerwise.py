@@ -175,7 +175,7 @@ class Layerwise:
 
     @staticmethod
     def _read_target(t: Target) -> torch.Tensor:
-        from ..plan.experts import read_virtual
+        from ..modules.experts import read_virtual
 
         return read_virtual(t.info)
 

@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .weights_entry import SMOOTHING as METHODS
-N_GRID = 20
-SQ_ALPHA = 0.5
+from .methods import AWQ_GRID as N_GRID, SMOOTHING as METHODS, SMOOTHQUANT_ALPHA as SQ_ALPHA
 
 
 @dataclass(frozen=True)

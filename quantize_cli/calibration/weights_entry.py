@@ -21,9 +21,7 @@ import os
 from dataclasses import replace
 
 from ..errors import CalibrationError, UsageError
-
-ROUNDINGS = ("nearest", "gptq")
-SMOOTHING = ("none", "awq", "smoothquant")  # smooth.py (torch) implements them; this module stays torch-free
+from .methods import AWQ_GRID, ROUNDINGS, SMOOTHING, SMOOTHQUANT_ALPHA
 SCALES_NAME = "scales.json"
 
 
@@ -89,14 +87,12 @@ def request_of(plan, rounding: str, smooth: str, device, data: dict | None) -> d
     """Everything that decides the side folder's tensors (compared before one is reused)."""
     from .. import __version__
     from . import fingerprint
-    from . import smooth as smooth_mod
     from .gptq import BLOCK, DAMP
-    from ..formats import format_of
 
     targets = sorted((t.module, t.scheme.algo, t.group) for t in targets_of(plan).values())
     return {"method": {"rounding": rounding, "smooth": smooth, "gptq_block": BLOCK, "gptq_damp": DAMP, "act_order": True,
-                       "awq_grid": smooth_mod.N_GRID, "smoothquant_alpha": smooth_mod.SQ_ALPHA},
-            "algo": plan.scheme.algo, "format": format_of(plan.scheme), "scale_search": getattr(plan.scheme, "scale_search", "none"),
+                       "awq_grid": AWQ_GRID, "smoothquant_alpha": SMOOTHQUANT_ALPHA},
+            "algo": plan.scheme.algo, "format": plan.format.name, "scale_search": getattr(plan.scheme, "scale_search", "none"),
             "targets_sha256": hashlib.sha256(json.dumps(targets).encode()).hexdigest(), "device": getattr(device, "type", str(device)),
             "source": fingerprint(plan.source.config, plan.source.tensors), "data": data, "converter": __version__}
 
@@ -113,7 +109,7 @@ def run(src: str, plan, calib_data: str, samples: int, seq_len: int, device, bud
     """Calibrate `src` with the transform for `plan`; returns (ScalesDoc, WeightsDoc) (the doc saved in `folder`)."""
     from . import calibrate
     from ..checkpoint.source import open_source
-    from ..plan.recipe import load_recipe
+    from ..modules.recipe import load_recipe
     from .layerwise import Layerwise
     from .weights_file import WeightsWriter
 
@@ -195,48 +191,43 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def weights_for_convert(opts, ok, con, draft_plan):
+def weights_for_convert(opts, ok, con, draft, device):
     """``(scales doc or None, WeightsDoc or None)`` for ``convert`` with --rounding / --smooth.
 
-    `draft_plan()` plans from the headers (no calibration). A dry run checks the data and the
-    architecture (``plan_calibration``) and returns no weights."""
+    `draft`: the plan from the headers (no calibration), its problems already refused; the forward
+    runs on `device`. The scales doc is kept where the plan takes calibrated scales (static input
+    scales, or an FP8 KV cache). A dry run checks the data and the architecture
+    (``plan_calibration``) and returns no weights."""
     from . import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, load as load_scales
     from .entry import plan_calibration
-    from ..plan.steps import raise_problems
 
     rounding, smooth = normalise(opts.rounding, opts.smooth)
-    draft = draft_plan()
-    raise_problems(draft)  # refuse a bad plan before the forward, not after it
-    static = draft.scheme.static_input_scale is not None
+    keep = draft.scheme.static_input_scale is not None or (opts.kv_cache_dtype or "").lower() == "fp8"
     if opts.act_scales is not None:
         doc = load_scales(opts.act_scales)
         from .document import check_source, fingerprint
 
         check_source(doc, fingerprint(draft.source.config, draft.source.tensors), draft.source.label)
-        return (doc if static else None), from_scales_file(doc, draft, rounding, smooth, ok.device)
+        return (doc if keep else None), from_scales_file(doc, draft, rounding, smooth, device)
     samples, seq_len = opts.calib_samples or DEFAULT_SAMPLES, opts.calib_seq_len or DEFAULT_SEQ_LEN
     if opts.dry_run:
-        planned = plan_calibration(opts.src, opts.calib_data, samples, seq_len, ok.device, ok.budget, opts.revision,
+        planned = plan_calibration(opts.src, opts.calib_data, samples, seq_len, device, ok.budget, opts.revision,
                                    opts.quiet, opts.recipe, con.info)
-        return (planned if static else None), None
+        return (planned if keep else None), None
     folder = side_folder(opts.dst)
-    request = request_of(draft, rounding, smooth, ok.device, {"spec": opts.calib_data, "samples": samples, "seq_len": seq_len})
+    request = request_of(draft, rounding, smooth, device, {"spec": opts.calib_data, "samples": samples, "seq_len": seq_len})
     again = reuse(folder, request) if opts.resume else None
     if again is not None:
         con.info(f"--resume: reusing the calibrated weights in {folder}")
         doc, weights = again
     else:
-        doc, weights = run(opts.src, draft, opts.calib_data, samples, seq_len, ok.device, ok.budget, rounding, smooth, folder,
+        doc, weights = run(opts.src, draft, opts.calib_data, samples, seq_len, device, ok.budget, rounding, smooth, folder,
                            opts.revision, opts.quiet, opts.recipe, con.info)
-    return (doc if static else None), replace(weights, temporary=True)
+    return (doc if keep else None), replace(weights, temporary=True)
 
 
-def calibrate_weights(src: str, calib_data: str, output: str | None, samples: int, seq_len: int, device, budget, revision,
-                      recipe, quiet: bool, con, rounding: str, smooth: str, algo: str | None, fmt: str, scale_search: str,
-                      exclude=()):
-    """``quantize calibrate --rounding gptq / --smooth``: SCALES.json and ``SCALES.weights/`` beside it."""
-    from ..plan.steps import prepare, raise_problems
-
+def check_calibrate(rounding, smooth, algo, output) -> tuple[str, str]:
+    """Usage errors of ``calibrate --rounding gptq / --smooth`` (it needs --algo and -o)."""
     rounding, smooth = normalise(rounding, smooth)
     flags = f"--rounding {rounding} --smooth {smooth}"
     if not algo:
@@ -244,8 +235,14 @@ def calibrate_weights(src: str, calib_data: str, output: str | None, samples: in
                          "(and --format / --scale-search / --exclude as the conversion will use them)")
     if not output:
         raise UsageError(f"calibrate {flags}: needs -o SCALES.json (the weights are written beside it)")
-    draft = prepare(src, algo, tuple(exclude), recipe, None, "5GB", revision, quiet, scale_search=scale_search, format=fmt)
-    raise_problems(draft)
+    return rounding, smooth
+
+
+def calibrate_weights(src: str, draft, calib_data: str, output: str, samples: int, seq_len: int, device, budget, revision,
+                      recipe, quiet: bool, con, rounding: str, smooth: str):
+    """``quantize calibrate --rounding gptq / --smooth`` for the `draft` plan (the conversion's, from
+    the headers): SCALES.json and ``SCALES.weights/`` beside it."""
+    flags = f"--rounding {rounding} --smooth {smooth}"
     stem = output[:-5] if output.endswith(".json") else output
     doc, _ = run(src, draft, calib_data, samples, seq_len, device, budget, rounding, smooth, f"{stem}.weights", revision,
                  quiet, recipe, con.info)
@@ -264,4 +261,4 @@ def refuse_weight_flags(algo, fmt, scale_search, exclude) -> None:
 
 
 __all__ = ["ROUNDINGS", "normalise", "asked", "check_options", "side_folder", "targets_of", "request_of", "run",
-           "reuse", "from_scales_file", "weights_for_convert", "calibrate_weights", "refuse_weight_flags"]
+           "reuse", "from_scales_file", "weights_for_convert", "check_calibrate", "calibrate_weights", "refuse_weight_flags"]
