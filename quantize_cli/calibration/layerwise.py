@@ -88,7 +88,27 @@ class Layerwise:
     # -- smoothing -----------------------------------------------------------------------------
     def _smooth(self, block, prefix: str, maps, caps, stats: BlockStats, mine: dict) -> dict[str, torch.Tensor]:
         """Search every mapping on the original weights, fold them all, update block and Hessians."""
-        fold = smooth.Fold(block, prefix, self._read)
+        with smooth.search_precision(block, caps, self.device):
+            chosen = self._search(block, prefix, maps, caps, stats, mine)
+        fold, done = smooth.Fold(block, prefix, self._read), set()
+        for m, s in chosen:
+            eff = fold.add(m, s)
+            for b in m.balance:  # the balance inputs are x / eff now: so are their Hessians
+                key = stats.key.get(f"{prefix}.{b}")
+                st = stats.inputs.get(key) if key else None
+                if st is not None and st.hessian is not None and key not in done:
+                    e = eff.to(st.hessian.device)
+                    st.hessian.div_(e[:, None] * e[None, :])
+                    done.add(key)
+        self.report["smoothed"] += len(chosen)
+        new = fold.tensors()
+        for name, t in new.items():
+            self.writer.add_replaced(name, t)
+            self._set(block, prefix, name, t)
+        return new
+
+    def _search(self, block, prefix: str, maps, caps, stats: BlockStats, mine: dict) -> list:
+        """(mapping, scales) for every mapping with tokens and something quantized behind it."""
         chosen = []
         for m in maps:
             st = stats.of(f"{prefix}.{m.balance[0]}")
@@ -104,22 +124,7 @@ class Layerwise:
             if "loss" in info:
                 self.report["smooth_loss"] += info["loss"]
                 self.report["smooth_loss_unsmoothed"] += info["loss_unsmoothed"]
-        done: set[str] = set()
-        for m, s in chosen:
-            eff = fold.add(m, s)
-            for b in m.balance:
-                key = stats.key.get(f"{prefix}.{b}")
-                st = stats.inputs.get(key) if key else None
-                if st is not None and st.hessian is not None and key not in done:
-                    e = eff.to(st.hessian.device)
-                    st.hessian.div_(e[:, None] * e[None, :])
-                    done.add(key)
-        self.report["smoothed"] += len(chosen)
-        new = fold.tensors()
-        for name, t in new.items():
-            self.writer.add_replaced(name, t)
-            self._set(block, prefix, name, t)
-        return new
+        return chosen
 
     def _balance(self, block, prefix: str, rel: str, mine: dict) -> smooth.Balance:
         name = f"{prefix}.{rel}"

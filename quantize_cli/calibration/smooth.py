@@ -144,6 +144,39 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _cast(obj, dtype):
+    """Floating tensors in `obj` (tuples, lists, dicts) cast to `dtype`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+class search_precision:
+    """``with search_precision(block, captures, device):`` on the CPU the search runs in fp32 (block
+    and captured inputs cast, exactly back afterwards: bf16 values are fp32 values), because the
+    CPU's bf16 kernels are several times slower than its fp32 ones; on a GPU it stays as it is."""
+
+    def __init__(self, block: torch.nn.Module, captures: dict, device: torch.device):
+        self.block, self.captures = block, captures
+        self.dtype = next((p.dtype for p in block.parameters() if p.is_floating_point()), torch.float32)
+        self.on = getattr(device, "type", str(device)) == "cpu" and self.dtype != torch.float32
+
+    def __enter__(self):
+        if self.on:
+            self.block.float()
+            for cap in self.captures.values():
+                cap.calls = [_cast(c, torch.float32) for c in cap.calls]
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.block.to(self.dtype)
+
+
 @dataclass
 class Balance:
     """One balance Linear of a mapping: its module, weight as the scheme quantizes it, scheme and
@@ -331,4 +364,4 @@ class Fold:
 
 
 __all__ = ["METHODS", "Mapping", "mappings", "attach_captures", "Capture", "Balance", "Search", "choose",
-           "awq_candidates", "smoothquant_scales", "Fold"]
+           "awq_candidates", "smoothquant_scales", "Fold", "search_precision"]
