@@ -66,13 +66,13 @@ def _round_with(grids: list[Grid]):
     """Column rounding for members stacked by rows: one scale matrix, the family's rounding."""
     scale = torch.cat([g.scale for g in grids]) if len(grids) > 1 else grids[0].scale
     codes = torch.cat([g.codes for g in grids]) if len(grids) > 1 else grids[0].codes
+    zero = None if grids[0].zero is None else torch.cat([g.zero for g in grids]) if len(grids) > 1 else grids[0].zero
     family = grids[0]
 
     def round_col(x: torch.Tensor, col: int) -> torch.Tensor:
-        s = scale[:, col]
-        c = family.nearest(x / s)
+        c, v = family.quantize_with(x, scale[:, col], None if zero is None else zero[:, col])
         codes[:, col] = c
-        return family.code_values(c) * s
+        return v
 
     def finish() -> None:
         if len(grids) > 1:  # hand each member its rows of the codes
@@ -116,8 +116,7 @@ def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOC
     inv = torch.argsort(perm)
     Q = Q[:, inv]
     href = h.float()
-    rtn = torch.cat([g.code_values(g.nearest(wm.float() / g.scale)) * g.scale
-                     for g, wm in zip(grids, _split(w, grids))]) if grids else w
+    rtn = torch.cat([g.quantize_with(wm.float(), g.scale, g.zero)[1] for g, wm in zip(grids, _split(w, grids))]) if grids else w
     return Solution(Q, used, output_error(w, Q, href), output_error(w, rtn, href))
 
 

@@ -14,8 +14,11 @@ with every payload code set to the code of 1.0, so a grid value ``v * S`` is bit
 ``scheme.dequantize`` gives for code ``v`` (what verify, eval and the engines compute). Rounding
 is ``code = nearest(x / S)`` in fp32, ties to even, saturating at the format's largest value.
 
-Another value set (INT4 with zero points, ...) plugs in as a :class:`Grid` subclass registered in
-:data:`FAMILIES`: it needs ``match``, the scale (and zero point) view, ``round`` and ``pack``.
+    int4 codes in groups of 128 (INT4: ModelOpt row pairs per byte, compressed-tensors eight per
+    int32 along K, with zero points for W4A16_ASYM): values ``(code - z) * s`` (:class:`Int4Grid`)
+
+Another value set plugs in as a :class:`Grid` subclass registered in :data:`FAMILIES`: it needs
+``match``, the scale (and zero point) view, ``round`` and ``pack``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Grid:
     """
 
     one: int = 0  # the code of the value 1.0, as stored in :attr:`codes`
+    zero: torch.Tensor | None = None  # fp32 [N, K] zero points (int4 asymmetric), else None
     code_dtype: torch.dtype = torch.uint8  # codes are kept as integers (index writes of fp8 are not everywhere)
 
     def __init__(self, scheme, out: dict[str, torch.Tensor], key: str, shape: tuple[int, int]):
@@ -66,10 +70,21 @@ class Grid:
 
     def round(self, x: torch.Tensor, cols: torch.Tensor | slice) -> torch.Tensor:
         """Quantize ``x [N, c]`` (columns `cols` of the weight); returns the fp32 grid values ``[N, c]``."""
-        s = self.scale[:, cols]
-        codes = self.nearest(x / s)
+        codes, values = self.quantize_with(x, self.scale[:, cols], None if self.zero is None else self.zero[:, cols])
         self.codes[:, cols] = codes
-        return self.code_values(codes) * s
+        return values
+
+    def quantize_with(self, x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None):
+        """(codes, fp32 values) of ``x`` under scales `s` and zero points `z` (None: symmetric):
+        ``code = nearest(x / s + z)``, ``value = (code - z) * s`` (the schemes' dequantization)."""
+        q = x / s
+        if z is not None:
+            q = q + z
+        codes = self.nearest(q)
+        v = self.code_values(codes)
+        if z is not None:
+            v = v - z
+        return codes, v * s
 
     def outputs(self) -> dict[str, torch.Tensor]:
         """The scheme's output tensors with the rounded codes as payload (scales unchanged)."""
@@ -125,8 +140,67 @@ class Int8Grid(Grid):
         return q.round().clamp_(-128, 127).to(torch.int8)  # round half to even
 
 
-# Payload families, tried in order; another scheme (INT4 with zero points) registers its own Grid here.
-FAMILIES: list[type[Grid]] = [E2M1Grid, E4M3Grid, Int8Grid]
+class Int4Grid(Grid):
+    """int4 codes in [-8, 7] under fixed group scales ``s`` and (asymmetric) zero points ``z``:
+    value ``(code - z) * s``, as both INT4 schemes dequantize (schemes/int4.py, formats/ct_int4.py).
+    The scale and zero point are read from the scheme's own outputs, not re-derived."""
+
+    code_dtype = torch.int8
+
+    def __init__(self, scheme, out, key, shape):
+        from ..schemes.int4 import expand_groups
+
+        self.scheme, self.out, self.key = scheme, out, key
+        self.codes = torch.zeros(shape, dtype=torch.int8, device=out[key].device)
+        self.scale = expand_groups(out["weight_scale"].float())  # [N, K]
+        zp = self.zero_points(out, shape[0])
+        self.zero = None if zp is None else expand_groups(zp.float())
+
+    def zero_points(self, out, n: int):
+        return None
+
+    def code_values(self, codes):
+        return codes.float()
+
+    def nearest(self, q):
+        from ..schemes.int4 import INT4_MAX, INT4_MIN
+
+        return q.round().clamp_(INT4_MIN, INT4_MAX).to(torch.int8)  # half to even, as round_codes
+
+
+class ModelOptInt4Grid(Int4Grid):
+    """ModelOpt W4A16_AWQ: uint8 ``weight [N/2, K]``, two output rows per byte."""
+
+    @classmethod
+    def match(cls, payload, shape):
+        return payload.dtype == torch.uint8 and tuple(payload.shape) == (shape[0] // 2, shape[1]) and shape[0] % 2 == 0
+
+    def pack(self, codes):
+        from ..schemes.int4 import pack_row_pairs
+
+        return pack_row_pairs(codes)
+
+
+class CtInt4Grid(Int4Grid):
+    """compressed-tensors pack-quantized: int32 ``weight_packed [N, K/8]`` (+ zero points for ASYM)."""
+
+    @classmethod
+    def match(cls, payload, shape):
+        return payload.dtype == torch.int32 and tuple(payload.shape) == (shape[0], -(-shape[1] // 8))
+
+    def zero_points(self, out, n):
+        from ..formats.ct_int4 import unpack_int32
+
+        return unpack_int32(out["weight_zero_point"], n, dim=0) if "weight_zero_point" in out else None
+
+    def pack(self, codes):
+        from ..formats.ct_int4 import pack_int32
+
+        return pack_int32(codes)
+
+
+# Payload families, tried in order (their payload dtypes and shapes never overlap).
+FAMILIES: list[type[Grid]] = [E2M1Grid, E4M3Grid, Int8Grid, ModelOptInt4Grid, CtInt4Grid]
 
 
 def fixed_grid(scheme, w: torch.Tensor, global_amax: torch.Tensor | None,
@@ -140,7 +214,7 @@ def fixed_grid(scheme, w: torch.Tensor, global_amax: torch.Tensor | None,
     for family in FAMILIES:
         if key is not None and family.match(out[key], shape):
             return family(scheme, out, key, shape)
-    raise ValueError(f"{scheme.algo}: its weight payload is not a value grid GPTQ knows (E2M1, e4m3, int8)")
+    raise ValueError(f"{scheme.algo}: its weight payload is not a value grid GPTQ knows (E2M1, e4m3, int8, int4)")
 
 
-__all__ = ["Grid", "E2M1Grid", "E4M3Grid", "Int8Grid", "FAMILIES", "fixed_grid"]
+__all__ = ["Grid", "E2M1Grid", "E4M3Grid", "Int8Grid", "Int4Grid", "FAMILIES", "fixed_grid"]

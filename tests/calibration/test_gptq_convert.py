@@ -223,3 +223,37 @@ def test_resume_reuses_the_side_folder_only_when_unchanged(llama, tmp_path):
         f.seek(200)
         f.write(b"\x00\x01")
     assert weights_entry.reuse(folder, request) is None
+
+
+def test_gptq_moe_experts_take_their_routed_tokens(tmp_path):
+    """Fused transformers experts: each expert's gate/up/down is solved on its routed tokens and written
+    back into the 3-D parameters for the next layer; experts without tokens keep round to nearest."""
+    src = builders.qwen3_moe(str(tmp_path / "src"))
+    data = tmp_path / "c.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in SAMPLES))
+    rtn = load_all(convert(src, tmp_path / "rtn", algo="W4A16_NVFP4").dst)
+    _convert(src, tmp_path / "out", "W4A16_NVFP4", str(data), rounding="gptq", verify=True)
+    out = load_all(tmp_path / "out")
+    conv = json.load(open(tmp_path / "out" / "hf_quant_config.json"))["converter"]["weights"]
+    assert conv["modules"] == 2 * (4 + 8 * 3)
+    experts = [n for n in rtn if ".experts." in n and n.endswith(".weight") and rtn[n].dtype == torch.uint8]
+    changed = [n for n in experts if not torch.equal(out[n], rtn[n])]
+    unrouted = {f"{m}.weight" for m in conv["no_tokens"]}
+    assert set(experts) - set(changed) <= unrouted and len(changed) >= len(experts) - len(unrouted) > 0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray  # the test extra installs it; imported here: only this test needs it
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    yield
+    ray.shutdown()
+
+
+def test_ray_executor_writes_the_same_bytes(llama, tmp_path, ray_cluster):
+    src, data = llama
+    _convert(src, tmp_path / "local", "NVFP4", data, rounding="gptq", smooth="awq")
+    _convert(src, tmp_path / "ray", "NVFP4", data, rounding="gptq", smooth="awq", executor="ray")
+    assert tensors(tmp_path / "local") == tensors(tmp_path / "ray")

@@ -11,7 +11,7 @@ from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.searched import with_scale_search
 
-MODELOPT = ["NVFP4", "W4A16_NVFP4", "INT8", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "MXFP8"]
+MODELOPT = ["NVFP4", "W4A16_NVFP4", "INT8", "INT4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "MXFP8"]
 
 
 def _problem(n: int, k: int, seed: int, tokens: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,12 +44,12 @@ def _reference(w: torch.Tensor, h: torch.Tensor, grid, order: list[int], damp: f
     return Q
 
 
-@pytest.mark.parametrize("algo", ["W4A16_NVFP4", "INT8", "FP8_PER_CHANNEL_PER_TOKEN"])
+@pytest.mark.parametrize("algo", ["W4A16_NVFP4", "INT8", "INT4", "FP8_PER_CHANNEL_PER_TOKEN"])
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_solver_equals_plain_reference(algo, act_order, seed):
     scheme = SCHEMES[algo]
-    w, h = _problem(8, 16 if algo != "W4A16_NVFP4" else 32, seed)
+    w, h = _problem(8, {"W4A16_NVFP4": 32, "INT4": 256}.get(algo, 16), seed)  # INT4: two 128-groups
     grid = fixed_grid(scheme, w, None)
     sol = gptq.solve(w, h, [grid], block=8, act_order=act_order)  # blocks of 8: the lazy batch update runs too
     order = torch.argsort(torch.diagonal(h), descending=True, stable=True).tolist() if act_order else list(range(w.shape[1]))
@@ -64,9 +64,10 @@ def test_solver_equals_plain_reference(algo, act_order, seed):
 def test_identity_hessian_gives_round_to_nearest(algo):
     """Without correlations nothing is propagated: GPTQ rounds every column to nearest, the scheme's own bytes."""
     scheme = SCHEMES[algo]
-    w, _ = _problem(16, 64, 3)
+    k = 128 if algo == "INT4" else 64  # INT4: whole groups of 128
+    w, _ = _problem(16, k, 3)
     grid = fixed_grid(scheme, w, None)
-    gptq.solve(w, torch.eye(64), [grid], act_order=True)
+    gptq.solve(w, torch.eye(k), [grid], act_order=True)
     rtn = scheme.quantize(w)
     for name, t in grid.outputs().items():
         assert torch.equal(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t,
