@@ -148,7 +148,8 @@ class Layerwise:
             st = stats.of(n) if self.rounding == "gptq" else None
             members = [m for m, u in mine.items() if m not in solved and u.scheme == t.scheme
                        and (st is None or stats.key.get(m) == stats.key.get(n))] if st is not None else [n]
-            grids = [fixed_grid(mine[m].scheme, weights[m], gamax.get(mine[m].group)) for m in members]
+            grids = [fixed_grid(mine[m].scheme, weights[m], gamax.get(mine[m].group), _searched(mine[m].scheme, st))
+                     for m in members]
             if st is None or st.hessian is None:
                 if self.rounding == "gptq":
                     self.report["no_tokens"].append(n)
@@ -200,6 +201,15 @@ class Layerwise:
                 p.copy_(value.to(device=p.device, dtype=p.dtype).reshape(p.shape))
             return
         _set_expert(block, module_path, leaf, value, self._roles)
+
+
+def _searched(scheme, st):
+    """--scale-search mse: the search weighted by the inputs' ``E[x_j^2]``, the Hessian's diagonal (the
+    activation-weighted search of the nearest path, on the inputs GPTQ sees); None: the scheme's own."""
+    if getattr(scheme, "scale_search", "none") == "none" or st is None or st.hessian is None:
+        return None
+    energy = torch.diagonal(st.mean_hessian()).float().clone()
+    return lambda w, global_amax=None: scheme.quantize(w, global_amax, channel_weights=energy)
 
 
 def _set_expert(block, module_path: str, leaf: str, value: torch.Tensor, roles: dict) -> None:

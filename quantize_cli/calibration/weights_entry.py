@@ -49,8 +49,6 @@ def check_options(rounding, smooth, calib_data, act_scales, algo_for=(), low_dis
     if calib_data is None and act_scales is None:
         raise UsageError(f"{flags} needs calibration data: add --calib-data DATA (default, FILE.jsonl, FILE.txt or a "
                          "cached dataset id), or --act-scales SCALES.json made by `quantize calibrate` with the same options")
-    if algo_for:
-        raise UsageError(f"{flags} with --algo-for: mixed precision is not transformed yet; drop one of the two")
     if low_disk:
         raise UsageError(f"{flags} with --low-disk: the calibration forward needs the whole source on disk; drop --low-disk")
     return True

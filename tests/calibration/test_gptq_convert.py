@@ -244,12 +244,10 @@ def test_gptq_moe_experts_take_their_routed_tokens(tmp_path):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray  # the test extra installs it; imported here: only this test needs it
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": root}})
-    yield
-    ray.shutdown()
+    from tests.matrix.support import local_ray
+
+    with local_ray() as ray:
+        yield ray
 
 
 def test_ray_executor_writes_the_same_bytes(llama, tmp_path, ray_cluster):
