@@ -124,3 +124,16 @@ def test_cli_refuses_without_data_in_one_line(llama, tmp_path):
     r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "x"), "--algo", "INT4", "--rounding", "best"])
     assert r.exit_code == 2 and "--rounding" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_llm_compressor_static_actorder_reads_as_its_preset():
+    """llm-compressor's GPTQ records actorder "static" (no g_idx): still the preset, so verify and eval
+    read its outputs; "group" / "weight" orders (a g_idx tensor) are not a preset."""
+    from quantize_cli.formats.ct_config import PRESETS, config_group
+    from quantize_cli.formats.ct_verify import group_preset
+
+    for preset in ("NVFP4A16", "W4A16", "NVFP4"):
+        group = config_group(preset, ["Linear"])
+        q = {"format": PRESETS[preset][0]}
+        assert group_preset({**group, "weights": {**group["weights"], "actorder": "static"}}, q) == preset
+        assert group_preset({**group, "weights": {**group["weights"], "actorder": "group"}}, q) is None
