@@ -7,6 +7,7 @@ Each run is a fresh process, so its peak RSS (VmHWM) and peak GPU memory
 
     python bench/gptq_gpu.py --json /tmp/gptq-gpu.json                                   # ours, W4A16_NVFP4
     python bench/gptq_gpu.py --algo NVFP4 --smooth awq --json /tmp/awq-gpu.json          # AWQ + GPTQ, W4A4
+    python bench/gptq_gpu.py --algo INT4 --json /tmp/gptq-int4-gpu.json                  # INT4 W4A16 group 128
     python bench/gptq_gpu.py --llmc-python /path/to/llmc-venv/bin/python --json /tmp/gptq-gpu.json   # + llm-compressor
     python bench/gptq_gpu.py --device cpu --layers 1 --vocab 32000 --samples 2 --seq-len 64      # smoke test
 
@@ -116,7 +117,7 @@ def main() -> None:
                             str(a.samples), str(a.seq_len)], ROOT), **common})
     print(json.dumps(results[-1]), flush=True)
     if a.llmc_python:
-        scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4"}[a.algo]
+        scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16"}[a.algo]
         results.append({**_run([a.llmc_python, "-c", _LLMC, src, data, os.path.join(a.work, f"llmc-gptq-{a.algo}"), scheme,
                                 str(a.samples), str(a.seq_len)], "/tmp"), **common})
         print(json.dumps(results[-1]), flush=True)
