@@ -77,7 +77,7 @@ os._exit(0)
 
 
 def _run(cmd: list[str], cwd: str) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=3600)  # a 16-layer GPTQ takes minutes
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"{cmd[0]} failed:\n{out.stderr[-4000:]}")

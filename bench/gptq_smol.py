@@ -81,7 +81,7 @@ def evaluate(a) -> None:
         cmd = [sys.executable, "-m", "quantize_cli.cli", "eval", dst, "--source", a.model, "--data", "default",
                "--samples", str(a.samples), "--seq-len", str(a.seq_len), "--device", "cpu", "--quiet", "--json", js]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         print(f"{os.path.basename(dst)}: rc {r.returncode} ({time.perf_counter() - t0:.0f} s) {r.stderr.strip()[-300:]}", flush=True)
 
 
