@@ -67,8 +67,12 @@ def convert(options: ConvertOptions, console: Console | None = None) -> ConvertR
 
 def calibrate(src: str, calib_data: str = "default", output: str | None = None, calib_samples: int | None = None,
               calib_seq_len: int | None = None, device: str = "auto", memory_budget: str | int = "4GB",
-              revision: str | None = None, recipe: str | None = None, quiet: bool = False, console: Console | None = None):
-    """``quantize calibrate``: measure activation amax of `src` on `calib_data`; write SCALES.json to `output`."""
+              revision: str | None = None, recipe: str | None = None, quiet: bool = False, console: Console | None = None,
+              rounding: str = "nearest", smooth: str = "none", algo: str | None = None, format: str = "modelopt",
+              scale_search: str = "none", exclude=()):
+    """``quantize calibrate``: measure activation amax of `src` on `calib_data`; write SCALES.json to `output`.
+
+    With `rounding` ``gptq`` / `smooth`: also the weights they choose for `algo` (calibration/weights_entry.py)."""
     from .plan.preflight import check_calibration, check_source_path
 
     con = console or Console(quiet)
@@ -78,7 +82,18 @@ def calibrate(src: str, calib_data: str = "default", output: str | None = None, 
         check_json_output(output, "-o", (src if os.path.isdir(src) else None,))
     from .calibration import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
     from .calibration.entry import run_calibration
+    from .calibration.weights_entry import asked, calibrate_weights, check_calibrate, refuse_weight_flags
 
+    if asked(rounding, smooth):  # the weights are made for the conversion's plan: planned here from the headers
+        from .plan.steps import raise_problems
+
+        rounding, smooth = check_calibrate(rounding, smooth, algo, output)
+        draft = prepare(src, algo, tuple(exclude), recipe, None, "5GB", revision, quiet, scale_search=scale_search, format=format)
+        raise_problems(draft)
+        return calibrate_weights(src, draft, calib_data, output, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN,
+                                 resolve_device(device), _size(memory_budget, "--memory-budget"), revision, recipe, quiet, con,
+                                 rounding, smooth)
+    refuse_weight_flags(algo, format, scale_search, exclude)
     dev = resolve_device(device)
     doc = run_calibration(src, calib_data, calib_samples or DEFAULT_SAMPLES, calib_seq_len or DEFAULT_SEQ_LEN, dev,
                           _size(memory_budget, "--memory-budget"), revision, quiet, recipe, con.info)

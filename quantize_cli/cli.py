@@ -67,6 +67,17 @@ class AlgoType(click.ParamType):
         return key
 
 
+def weight_options(fn):
+    """--rounding and --smooth (convert and calibrate; docs/accuracy.md)."""
+    fn = click.option("--smooth", type=click.Choice(["none", "awq", "smoothquant"], case_sensitive=False), default="none",
+                      show_default=True, help="Fold per-channel activation scales into the norms and weights before quantizing "
+                      "(needs --calib-data): awq searches them per layer against the served output error, smoothquant "
+                      "takes alpha 0.5. The output format is unchanged.")(fn)
+    return click.option("--rounding", type=click.Choice(["nearest", "gptq"], case_sensitive=False), default="nearest",
+                        show_default=True, help="gptq: keep the written scales, round the values column by column against "
+                        "the calibration inputs' Hessian (needs --calib-data); nearest: round to nearest (ModelOpt's bytes).")(fn)
+
+
 def calib_options(fn):
     """--calib-data, --calib-samples, --calib-seq-len (convert and calibrate; docs/calibration.md)."""
     fn = click.option("--calib-seq-len", type=int, metavar="L", help="Tokens per calibration sample (default 512).")(fn)
@@ -132,6 +143,7 @@ def main():
               help="mse: per group, the candidate scale with the least squared error, weighted by the activations with "
                    "--calib-data / --act-scales (docs/accuracy.md); none: ModelOpt's bytes.")
 @calib_options
+@weight_options
 @click.option("--act-scales", metavar="SCALES.json", help="Reuse activation scales made by `quantize calibrate` from this SRC.")
 @click.option("--push-to-hub", metavar="REPO_ID", help="After success (and --verify), upload DST to this Hub repo (docs/publish.md).")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
@@ -353,9 +365,19 @@ if __name__ == "__main__":  # pragma: no cover
 @click.option("--memory-budget", default="4GB", show_default=True, help="Host bytes (CPU: the hidden states must fit).")
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
 @click.option("--recipe", metavar="NAME|FILE", help="Recipe (per-expert module names), default by model_type.")
+@weight_options
+@click.option("--algo", type=AlgoType(), help="With --rounding gptq / --smooth: the algorithm the weights are made for.")
+@click.option("--format", "format", type=FORMAT, default="modelopt", show_default=True, help="With --rounding / --smooth: the output format.")
+@click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
+              help="With --rounding / --smooth: the scales the conversion will search.")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="With --rounding / --smooth: modules the conversion keeps unquantized.")
 @common
-def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, memory_budget, revision, recipe, quiet, debug):
-    """Run SRC layer by layer on calibration data and write every Linear input amax and K/V amax."""
+def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, memory_budget, revision, recipe, quiet, debug,
+              rounding="nearest", smooth="none", algo=None, format="modelopt", scale_search="none", exclude=()):
+    """Run SRC layer by layer on calibration data and write every Linear input amax and K/V amax.
+
+    With --rounding gptq / --smooth it also writes the weights they choose for --algo (SCALES.weights/
+    beside SCALES.json), which `convert --act-scales SCALES.json` with the same options reuses."""
 
     def go():
         from .run import prefetch
@@ -364,7 +386,8 @@ def calibrate(src, calib_data, output, calib_samples, calib_seq_len, device, mem
         from .api import calibrate as run
 
         run(src, calib_data=calib_data, output=output, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
-            device=device, memory_budget=memory_budget, revision=revision, recipe=recipe, quiet=quiet)
+            device=device, memory_budget=memory_budget, revision=revision, recipe=recipe, quiet=quiet,
+            rounding=rounding, smooth=smooth, algo=algo, format=format, scale_search=scale_search, exclude=exclude)
 
     _run(debug, go)
     _fast_exit()

@@ -220,7 +220,7 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         verified = None
         if opts.verify:
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
-            verified = _verify_before_publishing(work, opts.src if on_disk else None, plan, con)
+            verified = _verify_before_publishing(work, opts.src if on_disk and _comparable(plan) else None, plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         evaluated = None
         if opts.eval:
@@ -232,6 +232,10 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         work.seal(identity, plan)
         timings["total_s"] = time.perf_counter() - t0
         work.commit()
+        if getattr(plan.weights, "temporary", False):  # --rounding gptq / --smooth: convert's side folder is done
+            import shutil
+
+            shutil.rmtree(plan.weights.folder, ignore_errors=True)
     except QuantizeError as exc:
         # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
         if isinstance(exc, DestinationError) or getattr(exc, "resumable", False):
@@ -278,6 +282,14 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
             raise CheckFailed(gate_failure(opts.dst, result) + f"; the output is kept at {kept} for inspection, DST was not written")
         raise CheckFailed(gate_failure(opts.dst, result))
     return result
+
+
+def _comparable(plan: Plan) -> bool:
+    """Can --verify compare the weights with the source? Not smoothed ones (--smooth rescales them by
+    design); a GPTQ one in compressed-tensors neither (its documents do not record the rounding that
+    verify needs to relax the weight floors; ModelOpt's converter block does)."""
+    method = getattr(plan.weights, "request", {}).get("method", {})
+    return method.get("smooth", "none") == "none" and (not method or plan.format.name == "modelopt")
 
 
 def _with_hub_sidecars(plan, work, hub):

@@ -71,7 +71,7 @@ def offload_decision(device: torch.device, act_bytes: int, memory_budget: int | 
 def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN,
               device: torch.device | None = None, memory_budget: int | None = None,
               progress: Callable[[int, int, float], None] | None = None, offload: bool | None = None,
-              batch_tokens: int | None = None) -> ScalesDoc:
+              batch_tokens: int | None = None, transform=None) -> ScalesDoc:
     """Measure every Linear input amax (per expert), its per-channel ``E[x_j^2]`` and K/V amax of
     `source` on `calib_data`.
 
@@ -83,6 +83,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
         offload: force the hidden states to host memory (True) or the device (False); None decides
             (:func:`offload_decision`).
         batch_tokens: tokens per forward (padding-free batches of equal-length samples).
+        transform: a per-block transform run before each block's recorded pass (GPTQ and smoothing,
+            :class:`.layerwise.Layerwise`); the amax are then those of the transformed model.
     Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
     data, unknown architecture, activations over budget).
     """
@@ -104,7 +106,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
     energy = stats.ChannelEnergy()  # E[x_j^2] per input channel: the weights of --scale-search mse
     rec = hooks.Recorder(observers=[energy])
-    timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload)
+    timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload,
+                         transform)
     modules = {k: {"amax": v.amax, "tokens": v.tokens} for k, v in sorted(rec.inputs.items())}
     kv = {k: {"k_amax": v["k"].amax, "v_amax": v["v"].amax, "tokens": v["k"].tokens} for k, v in sorted(rec.kv.items())}
     run = {"dtype": "bfloat16", "device": str(device), "seconds": round(time.perf_counter() - t0, 3),

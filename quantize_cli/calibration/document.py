@@ -47,6 +47,7 @@ class ScalesDoc:
     path: str | None = None
     channels: dict = field(default_factory=dict)  # module -> fp32 [K] E[x_j^2], in memory (a fresh calibration)
     channel_file: object = None  # channels.ChannelFile of a loaded version-2 file (read lazily)
+    weights: dict | None = None  # GPTQ / smoothing: {"folder", "sha256", "request"} (calibration/weights_entry.py)
 
     @property
     def has_channels(self) -> bool:
@@ -69,6 +70,8 @@ class ScalesDoc:
                "modules": self.modules, "kv": self.kv}
         if channels is not None:
             doc["channels"] = channels
+        if self.weights is not None:  # optional: older readers ignore it
+            doc["weights"] = self.weights
         return doc
 
     def save(self, path: str) -> None:
@@ -112,7 +115,11 @@ def load(path: str) -> ScalesDoc:
         _check_entry(path, f"modules.{name}", entry, ("amax",))
     for name, entry in doc["kv"].items():
         _check_entry(path, f"kv.{name}", entry, ("k_amax", "v_amax"))
-    return ScalesDoc(doc["source"], doc["data"], doc["run"], doc["modules"], doc["kv"], path, channel_file=_channels(path, doc))
+    weights = doc.get("weights")
+    if weights is not None and not (isinstance(weights, dict) and isinstance(weights.get("folder"), str)):
+        raise _bad(path, "\"weights\" must be an object naming its folder")
+    return ScalesDoc(doc["source"], doc["data"], doc["run"], doc["modules"], doc["kv"], path, channel_file=_channels(path, doc),
+                     weights=weights)
 
 
 def _channels(path: str, doc: dict):

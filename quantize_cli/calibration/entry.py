@@ -112,6 +112,10 @@ def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len
         return None
     if act_scales is not None:
         doc = load(act_scales)
+        if doc.weights:  # its amax were measured on transformed weights: only right with those weights
+            method = doc.weights.get("request", {}).get("method", {})
+            raise UsageError(f"--act-scales {act_scales}: made with --rounding {method.get('rounding')} --smooth {method.get('smooth')} "
+                             "(its amax are those of the transformed model); pass the same options to convert")
         from ..checkpoint.source import open_source
 
         source = open_source(src, revision=revision, quiet=quiet)

@@ -79,11 +79,15 @@ def _to(obj, device: torch.device, pin: bool = False):
 @torch.no_grad()
 def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], device: torch.device,
         recorder: hooks.Recorder, progress: Callable[[int, int, float], None] | None = None,
-        batch_tokens: int = BATCH_TOKENS, offload: bool = False) -> dict:
+        batch_tokens: int = BATCH_TOKENS, offload: bool = False, transform=None) -> dict:
     """Record, into `recorder`, every Linear input amax and K/V amax of the model over `samples`.
 
     `offload`: keep the hidden states between blocks in host memory (pinned for a GPU), one batch
     on the device at a time; the amax are the same either way (the same arithmetic on the device).
+    `transform(sk, i, block, path, run_block)`: called once a block is loaded, before its recorded
+    pass; ``run_block()`` runs every batch through the block without keeping the outputs (the
+    statistics pass of GPTQ and smoothing, :mod:`.layerwise`). The transform may change the
+    block's weights: the recorded pass and the next block's inputs then come from the new ones.
     Returns timing facts: ``{"blocks": n, "batches": b, "seconds": ..., "block_seconds": [...]}``.
     """
     model, blocks = sk.model, sk.blocks
@@ -101,13 +105,12 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
             tb = time.perf_counter()
             path = f"{sk.blocks_path}.{i}"
             materialize(sk, block, path, tensors, device)
-            handles = hooks.attach(recorder, block, sk.prefix + path, sk.roles)
+            handles = []
             try:
-                for j, h in enumerate(states):
-                    args, kwargs = _to(extra[j], device) if offload else extra[j]
-                    out = block(h.to(device, non_blocking=True), *args, **kwargs)
-                    tuple_out = isinstance(out, (tuple, list))
-                    states[j] = _to(_first(out), store, pin) if offload else _first(out)
+                if transform is not None:
+                    transform(sk, i, block, path, lambda: _pass(block, states, extra, device, offload, None, pin))
+                handles = hooks.attach(recorder, block, sk.prefix + path, sk.roles)
+                tuple_out = _pass(block, states, extra, device, offload, store, pin)
             finally:
                 hooks.detach(handles)
                 release(block)
@@ -116,6 +119,19 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
                 progress(i + 1, len(blocks), per_block[-1])
         _tail(sk, recorder, groups, states, device, tuple_out)
     return {"blocks": len(blocks), "batches": len(groups), "seconds": time.perf_counter() - t0, "block_seconds": per_block}
+
+
+def _pass(block, states: list, extra: list, device, offload: bool, store, pin: bool) -> bool:
+    """Every batch through `block`; its outputs replace `states` when `store` is given (else they
+    are dropped: a statistics pass). Returns whether the block returns a tuple."""
+    tuple_out = False
+    for j, h in enumerate(states):
+        args, kwargs = _to(extra[j], device) if offload else extra[j]
+        out = block(h.to(device, non_blocking=True), *args, **kwargs)
+        tuple_out = isinstance(out, (tuple, list))
+        if store is not None:
+            states[j] = _to(_first(out), store, pin) if offload else _first(out)
+    return tuple_out
 
 
 def _capture(model, blocks, groups, device) -> tuple[list[torch.Tensor], list[tuple[tuple, dict]]]:

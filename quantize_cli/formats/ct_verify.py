@@ -23,11 +23,16 @@ from .ct_config import PRESETS
 from .ct_mixed import LINEAR_TARGET, group_of, group_targets
 
 _IGNORED_ARGS = ("observer", "observer_kwargs")
+# llm-compressor's GPTQModifier records actorder "static": the columns were visited in activation
+# order but the groups keep their places, so no g_idx is written and the tensors read as the preset's.
+_SAME_ACTORDER = (None, "static")
 
 
 def _same_args(a: dict | None, b: dict | None) -> bool:
     if a is None or b is None:
         return a is b
+    if a.get("actorder") in _SAME_ACTORDER and b.get("actorder") in _SAME_ACTORDER:
+        a, b = {**a, "actorder": None}, {**b, "actorder": None}
     return all(a.get(k) == v for k, v in b.items() if k not in _IGNORED_ARGS)
 
 

@@ -96,6 +96,8 @@ class ModelOpt(Format):
             from ..calibration.apply import calibration_summary
 
             extra["calibration"] = calibration_summary(plan, full=False)
+        if getattr(plan, "weights", None) is not None:  # --rounding gptq / --smooth: how the weights were chosen (verify reads it)
+            extra["weights"] = plan.weights.describe()
         if plan.mixed:
             return mixed_hf_quant_config(plan.schemes, plan.kv_cache_dtype, extra)
         return hf_quant_config(plan.scheme, plan.exclude_modules, plan.kv_cache_dtype, extra)

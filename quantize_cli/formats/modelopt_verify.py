@@ -209,9 +209,38 @@ def verify_modelopt(path: str, res: VerifyResult, source: str | None, served_mix
             res.add(ERROR, "mixed-listed", mod, f"{mod}: in quantized_layers as {layers[mod].get('quant_algo')} but has no quantized tensors")
     _check_shared_scales(mods, recipe, scheme_of, tensors, res)
     check_finite(tensors, res)
-    if source:
+    smoothed, gptq = smoothing_of(nested), rounding_of(nested) == "gptq"
+    if source and smoothed:
+        res.source_note = smoothed_note(smoothed)
+    elif source:
         searched = (nested.get("converter") or {}).get("scale_search", "none") != "none"
-        compare_with_source(source, quantized, scheme_of, recipe, res, searched)
+        if gptq:
+            res.source_note = GPTQ_NOTE
+        compare_with_source(source, quantized, scheme_of, recipe, res, searched, floors=not gptq)
+
+
+def _method(nested: dict) -> dict:
+    return (((nested.get("converter") or {}).get("weights") or {}).get("method") or {})
+
+
+def smoothing_of(nested: dict) -> str | None:
+    """The --smooth method recorded by convert (converter.weights), None when the weights were not smoothed."""
+    method = _method(nested).get("smooth", "none")
+    return None if method in (None, "none") else str(method)
+
+
+def rounding_of(nested: dict) -> str:
+    """The --rounding recorded by convert (``nearest`` when none is recorded)."""
+    return str(_method(nested).get("rounding") or "nearest")
+
+
+def smoothed_note(method: str) -> str:
+    return (f"weights smoothed (--smooth {method}): norms and weights were rescaled per channel, so a quantized weight is not "
+            "comparable with the source's (the model's function is); not compared. Compare outputs with `quantize eval`")
+
+
+GPTQ_NOTE = ("rounded by GPTQ (--rounding gptq), which lowers the layers' output error on the calibration data at the cost of "
+             "weight error: the weight SQNR is shown but not held to the floors. Compare outputs with `quantize eval`")
 
 
 def _input_scales(nested: dict, scheme: Scheme) -> str | None:

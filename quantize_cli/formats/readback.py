@@ -38,6 +38,7 @@ class VerifyResult(FindingsResult):
     errors_by_tensor: dict[str, dict] = field(default_factory=dict)
     input_scales: str | None = None  # static input scales: calibrated (on what) or constant; None when none
     unreadable: set = field(default_factory=set)  # modules whose tensors contradict the configs (not read further)
+    source_note: str | None = None  # why the weights were not (fully) judged against the source (--smooth, --rounding gptq)
 
     def add(self, level: str, code: str, subject: str, message: str) -> None:
         self.findings.append(Finding(level, code, subject, message))
@@ -50,6 +51,7 @@ class VerifyResult(FindingsResult):
             "findings": [f.to_json() for f in self.findings],
             "tensor_errors": self.errors_by_tensor,
             "input_scales": self.input_scales,
+            **({"source_note": self.source_note} if self.source_note else {}),
         }
 
     def to_text(self) -> str:
@@ -59,6 +61,8 @@ class VerifyResult(FindingsResult):
             lines.append(f"  {display(name):<60} sqnr {e['sqnr_db']:7.2f} dB  rel.err {e['rel_error']:.4f}{gain}")
         if self.input_scales:
             lines.append(f"input scales: {display(self.input_scales)}")
+        if self.source_note:
+            lines.append(f"source: {display(self.source_note)}")
         lines += [f"{f.level.upper():<7}  [{f.code}] {display(f.message)}" for f in self.findings]  # one line each
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {'FAIL' if self.errors else 'OK'}")
         return "\n".join(lines)
@@ -140,7 +144,10 @@ def check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
                 break
 
 
-def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
+def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False,
+                        floors: bool = True) -> None:
+    """Per quantized weight: SQNR against the source; under the algorithm's floor an error, far under the
+    median a warning (not `floors`: --rounding gptq, which trades weight error for output error)."""
     from ..checkpoint.safetensors_io import read_tensor
     from ..checkpoint.source import open_source
     from ..modules.experts import expand, read_virtual
@@ -173,6 +180,8 @@ def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResul
         if e["sqnr_db"] != float("inf"):
             by_algo.setdefault(algo_of[name], []).append(e["sqnr_db"])
     for name, e in res.errors_by_tensor.items():
+        if not floors:
+            break
         floor = SQNR_FLOOR_DB[algo_of[name]]
         values = by_algo.get(algo_of[name])
         median = statistics.median(values) if values else float("inf")

@@ -96,6 +96,9 @@ IDENTITY: tuple[Decides, ...] = (
     Decides("max_shard_size", "--max-shard-size", None, _size, lambda v: _human_size(v) if isinstance(v, int) else _show(v)),
     Decides("scale_search", "--scale-search", "none", lambda v: _lower(v, "none")),
     Decides("calibration", "--calib-data / --act-scales", None),
+    Decides("rounding", "--rounding", "nearest", lambda v: _lower(v, "nearest")),
+    Decides("smooth", "--smooth", "none", lambda v: _lower(v, "none")),
+    Decides("weights", "the GPTQ / smoothing weights (--calib-data / --act-scales)", None),
 )
 # ConvertOptions fields that never change a byte of the output (tests/test_identity.py checks the split).
 NOT_IDENTITY = ("src", "dst", "device", "memory_budget", "resume", "dry_run", "overwrite", "report", "revision", "quiet",
@@ -145,6 +148,8 @@ class RunIdentity:
             "exclude": list(opts.exclude), "layout": opts.layout, "kv_cache_dtype": opts.kv_cache_dtype,
             "max_shard_size": opts.max_shard_size, "scale_search": opts.scale_search,
             "calibration": _calibration(plan),
+            "rounding": opts.rounding, "smooth": opts.smooth,
+            "weights": plan.weights.sha256 if getattr(plan, "weights", None) is not None else None,
         }
         options = {d.key: d.normalize(values[d.key]) for d in IDENTITY}
         paths = sorted({t.path for t in plan.source.tensors.values() if not t.path.startswith("hub://")})
@@ -153,7 +158,7 @@ class RunIdentity:
         layout = [(o.name, o.dtype, list(o.shape), o.shard, o.offset) for o in plan.outputs.values()]
         outputs = hashlib.sha256(json.dumps([layout, plan.shard_names]).encode()).hexdigest()
         flags: list[str] = ["--recipe", str(opts.recipe)] if opts.recipe else []
-        if plan.act_scales is not None or getattr(plan, "search_weights", None) is not None:
+        if plan.act_scales is not None or getattr(plan, "search_weights", None) is not None or getattr(plan, "weights", None) is not None:
             if opts.act_scales:
                 flags += ["--act-scales", str(opts.act_scales)]
             elif opts.calib_data is not None:
@@ -203,7 +208,7 @@ class RunIdentity:
         args = ["quantize", "convert", src, "-o", dst, "--algo", str(self.options["algo"])]
         for d in IDENTITY:
             value = self.options[d.key]
-            if d.key in ("algo", "calibration"):
+            if d.key in ("algo", "calibration", "weights"):
                 continue
             if d.key == "max_shard_size":
                 if value is not None and value != _size("5GB"):

@@ -52,6 +52,8 @@ class ConvertOptions:
     max_ppl_increase: float | None = None  # --eval's gates (eval/report.py): the run fails and DST is not written
     max_kl: float | None = None
     min_top1: float | None = None
+    rounding: str = "nearest"  # gptq: GPTQ in the calibration forward (calibration/weights_entry.py)
+    smooth: str = "none"  # awq | smoothquant: scales folded into the weights (calibration/smooth.py)
 
     def __post_init__(self):
         # Lists from library callers become tuples: the value stays immutable (and hashable).

@@ -15,6 +15,7 @@ it). Nothing here writes a file: the report, DST and the work folder are the out
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ..checkpoint.durable import write_json
 from ..checkpoint.source import open_source
@@ -67,7 +68,7 @@ def _kv(kv_cache_dtype: str | None) -> str | None:
 
 def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, max_shard_size="5GB", revision=None, quiet=True,
             layout: str = "plain", headers_only: bool = False, scale_search: str = "none", act_scales=None,
-            format: str = "modelopt", algo_for=()) -> Plan:
+            format: str = "modelopt", algo_for=(), weights=None) -> Plan:
     """Resolve SRC, load the recipe and build the plan (no tensor data is read).
 
     `headers_only`: a Hub repo id planned from its remote headers (nothing downloaded yet).
@@ -85,8 +86,11 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     _size(max_shard_size, "--max-shard-size")
-    return build_plan(source, scheme, rec, list(exclude), max_shard_size, _kv(kv_cache_dtype), layout=layout,
+    if weights is not None:  # --rounding gptq / --smooth: smoothed tensors are read from the side folder
+        source = weights.overlay(source)
+    plan = build_plan(source, scheme, rec, list(exclude), max_shard_size, _kv(kv_cache_dtype), layout=layout,
                       act_scales=act_scales, algo_for=parse_algo_for(algo_for, fmt), fmt=fmt)
+    return plan if weights is None else replace(plan, weights=weights)
 
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
@@ -149,6 +153,9 @@ def check_options(opts: ConvertOptions) -> Checked:
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
     fmt = format_named(opts.format)
     parse_algo_for(opts.algo_for, fmt)
+    from ..calibration.weights_entry import check_options as check_weights  # torch-free
+
+    check_weights(opts.rounding, opts.smooth, opts.calib_data, opts.act_scales, opts.algo_for, opts.low_disk)
     _kv(opts.kv_cache_dtype)
     budget = _size(opts.memory_budget, "--memory-budget")
     _size(opts.max_shard_size, "--max-shard-size")
@@ -168,16 +175,28 @@ def check_options(opts: ConvertOptions) -> Checked:
 
 def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> Plan:
     """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers."""
+    # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
+    # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
+    headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
+
+    def plan_with(doc=None, weights=None) -> Plan:
+        return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
+                       opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format.name,
+                       algo_for=opts.algo_for, weights=weights)
+
+    from ..calibration.weights_entry import asked
+
+    if asked(opts.rounding, opts.smooth):  # GPTQ / smoothing: a draft plan says what the forward quantizes
+        from ..calibration.weights_entry import weights_for_convert
+
+        draft = plan_with()
+        raise_problems(draft)  # refuse a bad plan before the forward, not after it
+        return plan_with(*weights_for_convert(opts, ok, con, draft, device))
     algos = [opts.algo] + [rule.scheme.algo for rule in parse_algo_for(opts.algo_for, ok.format)]
     doc = _scales(opts.src, algos, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, device,
                   ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8",
                   opts.scale_search)
-    # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
-    # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
-    headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
-    return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
-                   opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format.name,
-                   algo_for=opts.algo_for)
+    return plan_with(doc)
 
 
 def print_plan(plan: Plan, strict: bool = False) -> None:

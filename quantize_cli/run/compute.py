@@ -148,8 +148,13 @@ class ComputeStage:
         w = state.held.pop(step.slot) if step.held else self.fetch(req)
         with self.timers.time("compute"):
             gamax = state.shared if step.shared else None
-            cw = self.plan.search_weights.of(m.module) if self.plan.search_weights is not None else None  # E[x_j^2]
-            q = self.quantize_fn(scheme, w, gamax) if cw is None else self.quantize_fn(scheme, w, gamax, channel_weights=cw)
+            # --rounding gptq / --smooth: the tensors the calibration forward chose (calibration/weights_file.py)
+            pre = self.plan.weights.rows(m.module, req.start, req.count, m.source.shape[0]) if self.plan.weights is not None else None
+            if pre is not None:
+                q = {k: t.to(self.device) for k, t in pre.items()}
+            else:
+                cw = self.plan.search_weights.of(m.module) if self.plan.search_weights is not None else None  # E[x_j^2]
+                q = self.quantize_fn(scheme, w, gamax) if cw is None else self.quantize_fn(scheme, w, gamax, channel_weights=cw)
             out = self._calibrated(m.module, q)
             if req.start == 0:  # shape-only outputs (compressed-tensors' weight_shape): once per tensor, at offset 0
                 out.update(scheme.shape_outputs((m.source.shape[0], w.shape[1])))

@@ -1,0 +1,130 @@
+"""GPTQ time and memory on the GPU: ``convert --rounding gptq`` on the Llama-3-8B-shaped synthetic
+checkpoint of ``bench/e2e.py`` (16 layers, H 4096, I 14336, random bf16 weights) with N x L random
+token ids, and llm-compressor's GPTQModifier on the same checkpoint and tokens beside it.
+
+Each run is a fresh process, so its peak RSS (VmHWM) and peak GPU memory
+(``torch.cuda.max_memory_allocated``) are its own. One JSON line per run; ``--json`` saves all.
+
+    python bench/gptq_gpu.py --json /tmp/gptq-gpu.json                                   # ours, W4A16_NVFP4
+    python bench/gptq_gpu.py --algo NVFP4 --smooth awq --json /tmp/awq-gpu.json          # AWQ + GPTQ, W4A4
+    python bench/gptq_gpu.py --algo INT4 --json /tmp/gptq-int4-gpu.json                  # INT4 W4A16 group 128
+    python bench/gptq_gpu.py --llmc-python /path/to/llmc-venv/bin/python --json /tmp/gptq-gpu.json   # + llm-compressor
+    python bench/gptq_gpu.py --device cpu --layers 1 --vocab 32000 --samples 2 --seq-len 64      # smoke test
+
+The llm-compressor venv needs llmcompressor 0.14.0.1 and a CUDA torch; it never imports this
+package (the child runs from /tmp, so ``bench/kernels.py`` cannot shadow the ``kernels`` module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+_OURS = r"""
+import json, sys, time
+t0 = time.perf_counter()
+src, data, dst, device, algo, rounding, smooth, samples, seq_len = sys.argv[1:10]
+import torch
+from quantize_cli.api import ConvertOptions, convert
+res = convert(ConvertOptions(src, dst, algo=algo, device=device, quiet=True, overwrite=True, calib_data=data,
+              calib_samples=int(samples), calib_seq_len=int(seq_len), rounding=rounding, smooth=smooth,
+              report=dst + ".report.json"))
+conv = json.load(open(dst + "/hf_quant_config.json"))["converter"]["weights"]
+rss = max(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+print("RESULT " + json.dumps({"who": "quantize", "wall_s": time.perf_counter() - t0, "timings": res.report.get("timings"),
+      "weights": conv, "peak_rss_GB": rss / 1e9, "peak_gpu_GB": gpu / 1e9,
+      "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__}))
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+_LLMC = r"""
+import json, sys, time
+t0 = time.perf_counter()
+src, data, dst, scheme, samples, seq_len = sys.argv[1:7]
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+import llmcompressor
+from llmcompressor import oneshot
+from llmcompressor.modifiers.gptq import GPTQModifier
+ids = [json.loads(l)["input_ids"][: int(seq_len)] for l in open(data)][: int(samples)]
+ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(s) for s in ids]})
+model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+t1 = time.perf_counter()
+oneshot(model=model, dataset=ds, recipe=[GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])],
+        max_seq_length=int(seq_len), num_calibration_samples=len(ids), shuffle_calibration_samples=False)
+t2 = time.perf_counter()
+model.save_pretrained(dst, save_compressed=True)
+rss = max(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+print("RESULT " + json.dumps({"who": "llm-compressor " + llmcompressor.__version__, "wall_s": time.perf_counter() - t0,
+      "oneshot_s": t2 - t1, "save_s": time.perf_counter() - t2, "peak_rss_GB": rss / 1e9, "peak_gpu_GB": gpu / 1e9,
+      "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__}))
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+
+def _run(cmd: list[str], cwd: str) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=3600)  # a 16-layer GPTQ takes minutes
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{cmd[0]} failed:\n{out.stderr[-4000:]}")
+    return json.loads(line[7:])
+
+
+def main() -> None:
+    from e2e import make_checkpoint
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/tmp/quantize-e2e")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--samples", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--algo", default="W4A16_NVFP4")
+    p.add_argument("--rounding", default="gptq")
+    p.add_argument("--smooth", default="none")
+    p.add_argument("--llmc-python", help="a python with llmcompressor 0.14 (and CUDA torch): run its GPTQModifier too")
+    p.add_argument("--json")
+    a = p.parse_args()
+    src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
+    make_checkpoint(src, a.layers, a.vocab, a.device)
+    data = os.path.join(a.work, f"calib-{a.samples}x{a.seq_len}.jsonl")
+    rng = random.Random(0)
+    with open(data, "w") as f:
+        for _ in range(a.samples):
+            f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
+    common = {"layers": a.layers, "samples": a.samples, "seq_len": a.seq_len, "algo": a.algo,
+              "one_layer_GB": 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096) / 1e9,
+              "one_layer_hessians_GB": 4 * (3 * 4096 * 4096 + 14336 * 14336) / 1e9,
+              "checkpoint_GB": sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src)) / 1e9}
+    results = []
+    dst = os.path.join(a.work, f"gptq-{a.algo}-{a.smooth}")
+    results.append({**_run([sys.executable, "-c", _OURS, src, data, dst, a.device, a.algo, a.rounding, a.smooth,
+                            str(a.samples), str(a.seq_len)], ROOT), **common})
+    print(json.dumps(results[-1]), flush=True)
+    if a.llmc_python:
+        scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16"}[a.algo]
+        results.append({**_run([a.llmc_python, "-c", _LLMC, src, data, os.path.join(a.work, f"llmc-gptq-{a.algo}"), scheme,
+                                str(a.samples), str(a.seq_len)], "/tmp"), **common})
+        print(json.dumps(results[-1]), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
