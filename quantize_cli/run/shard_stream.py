@@ -290,6 +290,10 @@ class ShardStream:
                                              f"({exc.strerror or exc}); free disk space and rerun with --resume")
             if error is not None:
                 job.writer.abort()
+                # A write stopped by the stream's own failure (the writer's "aborted") reports that
+                # failure: a NaN in the next unit must reach the driver as itself, whichever unit's
+                # result the driver reads first (tests/test_ray_executor.py, flaky before).
+                error = self._broken or error
         finally:
             self._release(job)
         result = {"shard": self.plan.shard_names[job.unit.shard], "index": job.unit.shard, "bytes_in": job.unit.bytes_in,
