@@ -103,7 +103,14 @@ def _text_file(path: str, root: str, seq_len: int, samples: int, cap: int) -> tu
     """A .txt (or any text) file: the samples of :func:`_cut_text` from the shortest prefix that
     holds them. The first N samples (ordered by start) lie within the first N + 1 pieces of the
     text, so a prefix of (N + 1) * L tokens plus a margin gives the same ones as the whole file."""
-    need = (samples + 1) * seq_len + MARGIN_TOKENS
+    text, digest = read_text_prefix(path, root, (samples + 1) * seq_len + MARGIN_TOKENS, cap)
+    return _cut_text(root, path, text, seq_len), digest
+
+
+def read_text_prefix(path: str, root: str, need: int, cap: int) -> tuple[str, str]:
+    """(the shortest prefix of text file `path` holding `need` tokens of `root`'s tokenizer, or the
+    whole file, or `cap` bytes; the sha256 of the bytes read). Calibration and eval read text files
+    through here: bounded by what is needed, never a whole 50 MB line."""
     digest, decoder = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")()
     parts, read, target = [], 0, need * BYTES_PER_TOKEN
     with _open(path) as f:
@@ -123,7 +130,7 @@ def _text_file(path: str, root: str, seq_len: int, samples: int, cap: int) -> tu
             parts, target = [text], target * 2  # geometric: at most twice the tokenizing the prefix needs
     if not text.strip():
         raise _err(path, "the file is empty; give at least one sample")
-    return _cut_text(root, path, text, seq_len), digest.hexdigest()
+    return text, digest.hexdigest()
 
 
 def _lines(f, path: str, cap: int):

@@ -35,7 +35,7 @@ def load_eval_samples(spec: str, root: str, vocab_size: int | None, samples: int
         raise UsageError(f"--seq-len {seq_len}: must be at least 2 (one token predicts the next)")
     try:
         if spec == DEFAULT or (os.path.isfile(spec) and not spec.endswith(".jsonl")):
-            out, digest = _text(spec, root, seq_len)
+            out, digest = _text(spec, root, seq_len, samples)
             out = [s for s in out if s][:samples]
             calib._check_vocab(spec, out, vocab_size)
             meta = {"spec": spec, "sha256": digest, "samples": len(out), "seq_len": seq_len, "tokens": sum(map(len, out))}
@@ -45,22 +45,24 @@ def load_eval_samples(spec: str, root: str, vocab_size: int | None, samples: int
         raise CalibrationError(exc.message.replace("--calib-data", "--data", 1)) from None
 
 
-def _text(spec: str, root: str, seq_len: int) -> tuple[list[list[int]], str]:
+def _text(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[int]], str]:
+    """Consecutive samples of `seq_len` tokens (each framed with the special tokens), so every token
+    is scored once; a file is read as far as `samples` samples need (calibration's bounded reader)."""
+    calib._TOKENIZERS.clear()
     if spec == DEFAULT:
         text = resources.files(__package__).joinpath("default_eval.txt").read_text(encoding="utf-8")
+        digest = hashlib.sha256(text.encode()).hexdigest()
     else:
-        raw = calib._read(spec)
-        text = calib._decode(spec, raw)
+        text, digest = calib.read_text_prefix(spec, root, (samples + 1) * seq_len + calib.MARGIN_TOKENS, calib.TEXT_CAP_MAX)
     if not text.strip():
         raise CalibrationError(f"--data {spec}: the file is empty; give some text")
-    calib._TOKENIZERS.clear()
     tok = calib._tokenizer(root, spec)
     head, tail = calib._frame(tok)
     width = seq_len - len(head) - len(tail)
     if width < 1:
         raise UsageError(f"--seq-len {seq_len}: must exceed the {len(head) + len(tail)} special token(s) the tokenizer adds")
     ids, _ = calib._ids_offsets(tok, text)
-    return [head + ids[i : i + width] + tail for i in range(0, len(ids), width)], hashlib.sha256(text.encode()).hexdigest()
+    return [head + ids[i : i + width] + tail for i in range(0, len(ids), width)], digest
 
 
 def calibration_record(path: str) -> dict | None:

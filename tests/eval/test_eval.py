@@ -166,6 +166,26 @@ def test_default_data_scores_every_token_of_the_held_out_text_once(llama):
     assert overlap(samples, calib_samples) == 0  # no 16-token window of the eval text is in the calibration samples
 
 
+def test_a_text_file_is_read_as_far_as_its_samples_need(tmp_path, llama):
+    """--data FILE.txt: consecutive samples, the same tokens as the whole file's first ones, read as a
+    bounded prefix (a 4 MB file, 3 samples: it crashed with an AttributeError before)."""
+    from transformers import AutoTokenizer
+
+    from quantize_cli.eval.data import load_eval_samples
+
+    para = "The quick brown fox jumps over the lazy dog near the river bank at dawn. " * 8 + "\n\n"
+    path = tmp_path / "big.txt"
+    path.write_text(para * 6000)  # ~4 MB
+    samples, meta = load_eval_samples(str(path), llama, builders.VOCAB, 3, 64)
+    ids = AutoTokenizer.from_pretrained(llama)(para * 40, add_special_tokens=False)["input_ids"]
+    assert len(samples) == 3 and all(len(s) == 64 for s in samples)
+    assert [t for s in samples for t in s] == ids[: 3 * 64]
+    assert meta["spec"] == str(path) and meta["tokens"] == 192
+    import hashlib
+
+    assert meta["sha256"] != hashlib.sha256(path.read_bytes()).hexdigest()  # a prefix was read, not 4 MB
+
+
 def test_overlap_with_the_calibration_data_is_warned(tmp_path, llama):
     long = [list(range(100, 140))]  # 40 tokens: 25 windows of 16
     data = jsonl(tmp_path / "d.jsonl", long)
