@@ -29,6 +29,7 @@ from .checkpoint.durable import write_json
 from .console import Console
 from .devices import device_label
 from .errors import CheckFailed, DestinationError, QuantizeError
+from .eval import GATES as _GATES, check_convert_eval  # torch-free: eval imports torch only when it runs
 from .output.identity import RunIdentity
 from .console import human_bytes
 from .output.report import run_report, unplanned_report
@@ -41,8 +42,6 @@ from .plan.steps import check_options, make_plan, print_plan, raise_problems
 from .run import prefetch, startup
 from .run.context import RunContext
 from .run.options import RunChecked, check_run_options, resolve_run
-
-_GATES = ("max_ppl_increase", "max_kl", "min_top1")  # --eval's gates: eval.GATES (not imported: eval pulls torch in later)
 
 
 @dataclass
@@ -83,8 +82,6 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
         ok = check_options(opts)  # usage errors, in the first second, before anything is read
         how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
         if opts.eval or any(getattr(opts, g) is not None for g in _GATES):
-            from .eval import check_convert_eval
-
             check_convert_eval(opts.eval, {g: getattr(opts, g) for g in _GATES})
         check_source_path(opts.src)  # SRC exists (a folder, an example, a Hub id): after every usage error
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success

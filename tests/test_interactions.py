@@ -156,26 +156,10 @@ def test_a_pushed_card_still_says_how_to_serve_it(hub, tmp_path, algo):
 
 # -- 6: durability of the documents ---------------------------------------------------------------------------
 def test_compressed_tensors_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
-    import quantize_cli.output.destination as dmod
     from tests.conftest import convert
+    from tests.hostile.helpers import spy_fsync_before_publish
 
-    synced, at_rename = set(), []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def fsync(fd):
-        try:
-            synced.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).split(".tmp-")[0])
-        except OSError:
-            pass
-        return real_fsync(fd)
-
-    def rename(a, b):
-        if str(a).endswith(".partial"):
-            at_rename.append(set(synced))
-        return real_rename(a, b)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(dmod.os, "rename", rename)
+    at_rename = spy_fsync_before_publish(monkeypatch)
     convert(EX, str(tmp_path / "out"), algo="FP8", format="compressed-tensors", quiet=True, max_shard_size=SHARD, device="cpu")
     files = set(os.listdir(tmp_path / "out"))
     assert "config.json" in files and at_rename

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,6 +15,7 @@ from quantize_cli.api import prepare
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.errors import NumericsError, UsageError
 from quantize_cli.run.partition import partition
+from tests.hostile.helpers import kill_once_journaled
 from tests.conftest import convert, output_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,18 +152,9 @@ def test_a_run_on_two_pipelines_killed_midway_resumes_on_one(sources, tmp_path):
     """The journal is the same for every executor: a --resume may switch from two pipelines to one."""
     src, out = sources["dense"], tmp_path / "out"
     tasks = len(prepare(src, "NVFP4", max_shard_size=SHARD).tasks)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_JOURNAL, "convert", src, "-o", str(out), "--algo", "NVFP4",
-                             "--max-shard-size", SHARD, "--device", "cpu,cpu", "-q"], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    journal = tmp_path / ".out.partial" / ".quantize-journal"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= tasks // 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    claimed = len(journal.read_text().splitlines())
+    claimed = len(kill_once_journaled(SLOW_JOURNAL, ["convert", src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD,
+                                                    "--device", "cpu,cpu", "-q"],
+                                      tmp_path / ".out.partial" / ".quantize-journal", tasks // 3, REPO))
     assert tasks // 3 <= claimed < tasks
     convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, device="cpu", resume=True)
     convert(src, str(tmp_path / "one"), algo="NVFP4", quiet=True, max_shard_size=SHARD, device="cpu")

@@ -13,9 +13,6 @@ other (that test changes the cluster, so it runs last).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -27,6 +24,7 @@ from ray.cluster_utils import Cluster
 from quantize_cli.api import prepare
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 from quantize_cli.errors import DestinationError
+from tests.hostile.helpers import kill_once_journaled
 from tests.conftest import convert, output_files
 
 from .ray_faults import FAULTS_ENV, NODE_ENV, STAGING_ENV
@@ -130,18 +128,9 @@ main()
 def test_a_driver_killed_mid_run_resumes_on_the_cluster(nodes, dense, local_ref, tmp_path):
     out = tmp_path / "out"
     tasks = len(prepare(dense, "NVFP4", max_shard_size=SHARD).tasks)
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "convert", dense, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD,
-                             "--executor", "ray", "--ray-address", nodes["cluster"].address, "-q"], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    journal = tmp_path / ".out.partial" / ".quantize-journal"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= tasks // 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the driver ended before it could be killed: {proc.stderr.read()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    claimed = len(journal.read_text().splitlines())
+    claimed = len(kill_once_journaled(DRIVER, ["convert", dense, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD,
+                                              "--executor", "ray", "--ray-address", nodes["cluster"].address, "-q"],
+                                      tmp_path / ".out.partial" / ".quantize-journal", tasks // 3, REPO, timeout=240))
     res = convert(dense, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray", resume=True)
     assert output_files(out) == local_ref
     assert sum(s["kept"] for s in res.report["ray"]["shards"]) >= claimed >= tasks // 3

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,13 +18,14 @@ from tests.conftest import output_files
 import ray  # noqa: E402  the ray extra is part of the test install (tests/conftest.py checks): a missing Ray fails
 
 from quantize_cli.api import prepare
+from tests.hostile.helpers import kill_once_journaled
 from tests.conftest import convert  # noqa: E402
 from quantize_cli.errors import NumericsError, UsageError  # noqa: E402
 from quantize_cli.checkpoint.example_weights import deepseek_config, deepseek_tensors, llama_config, llama_tensors  # noqa: E402
 from quantize_cli.checkpoint.example_weights import qwen3_moe_config, qwen3_moe_tensors  # noqa: E402
 from quantize_cli.run import ray_tasks  # noqa: E402
 from quantize_cli.run.partition import partition  # noqa: E402
-from quantize_cli.run.ray_executor import RayRunError, check_device  # noqa: E402
+from quantize_cli.run.ray_executor import check_device  # noqa: E402
 
 from .ray_faults import FAULTS_ENV  # noqa: E402
 from .test_low_disk import fake_hub  # noqa: E402,F401 - the driver-side fake Hub
@@ -190,18 +189,9 @@ def test_driver_killed_mid_run_resumes_to_the_same_bytes(cluster, sources, tmp_p
     address = ray.get_runtime_context().gcs_address
     args = [src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD, "--executor", "ray", "--ray-address", address, "-q"]
     tasks = len(prepare(src, "NVFP4", max_shard_size=SHARD).tasks)
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "convert", *args], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    journal = tmp_path / ".out.partial" / ".quantize-journal"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= tasks // 3:  # some tasks journaled, not all
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"driver ended before it could be killed: {proc.stderr.read()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    lines = kill_once_journaled(DRIVER, ["convert", *args], tmp_path / ".out.partial" / ".quantize-journal", tasks // 3, REPO)
     assert not out.exists() and (tmp_path / ".out.partial").is_dir()
-    claimed = {line.split()[0] for line in journal.read_text().splitlines() if len(line.split()) == 2}
+    claimed = {line.split()[0] for line in lines if len(line.split()) == 2}
     res = convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray", resume=True)
     convert(src, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size=SHARD)
     assert files(out) == files(tmp_path / "local")
@@ -323,18 +313,9 @@ def test_a_local_run_killed_midway_resumes_with_ray(cluster, sources, tmp_path):
     """One journal for every executor: a local run's journaled tasks are kept by a Ray --resume."""
     src, out = sources["dense"], tmp_path / "out"
     tasks = len(prepare(src, "NVFP4", max_shard_size=SHARD).tasks)
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "convert", src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size",
-                             SHARD, "--device", "cpu", "-q"], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    journal = tmp_path / ".out.partial" / ".quantize-journal"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= tasks // 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the local run ended before it could be killed: {proc.stderr.read()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    claimed = len(journal.read_text().splitlines())
+    claimed = len(kill_once_journaled(DRIVER, ["convert", src, "-o", str(out), "--algo", "NVFP4", "--max-shard-size", SHARD,
+                                              "--device", "cpu", "-q"],
+                                      tmp_path / ".out.partial" / ".quantize-journal", tasks // 3, REPO))
     res = convert(src, str(out), algo="NVFP4", quiet=True, max_shard_size=SHARD, executor="ray", resume=True)
     convert(src, str(tmp_path / "local"), algo="NVFP4", quiet=True, max_shard_size=SHARD)
     assert files(out) == files(tmp_path / "local")

@@ -98,14 +98,16 @@ def _is_fused_experts(mod: torch.nn.Module) -> bool:
     return isinstance(getattr(mod, "gate_up_proj", None), torch.nn.Parameter) and getattr(mod, "gate_up_proj").dim() == 3
 
 
-def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' eager expert loop (``hidden_states [T, H]``, ``top_k_* [T, k]``), recording
-    each expert's gate/up input (its routed tokens) and down input. Written for this project; the
-    arithmetic follows the eager loop (linear, gate, linear, routing weight, index_add)."""
-    recorder = _ACTIVE[-1] if _ACTIVE else None
-    name, roles = recorder.experts.get(id(self), (None, None)) if recorder else (None, None)
+def expert_loop(mod, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                linear) -> torch.Tensor:
+    """transformers' eager loop over fused 3-D experts (``hidden_states [T, H]``, ``top_k_* [T, k]``),
+    with each expert's projection computed by ``linear(e, side, x, w)`` (`side`: ``gate_up`` or
+    ``down``; `x` its routed inputs, `w` the [out, in] weight). Calibration records there, eval
+    quantizes the inputs as the MoE kernel does. Written for this project; the arithmetic follows
+    the eager loop (linear, gate, linear, routing weight, index_add)."""
     out = torch.zeros_like(hidden_states)
-    num = self.gate_up_proj.shape[0]
+    num = mod.gate_up_proj.shape[0]
+    transposed, bias = getattr(mod, "is_transposed", False), getattr(mod, "has_bias", False)
     with torch.no_grad():
         hit = torch.nn.functional.one_hot(top_k_index, num_classes=num + 1).permute(2, 1, 0)  # [E+1, k, T]
         experts = torch.greater(hit.sum(dim=(-1, -2)), 0).nonzero()
@@ -114,22 +116,31 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
             continue
         pos, tok = torch.where(hit[e])
         x = hidden_states[tok]
-        w_gu = self.gate_up_proj[e].t() if getattr(self, "is_transposed", False) else self.gate_up_proj[e]
-        gate_up = torch.nn.functional.linear(x, w_gu)
-        if getattr(self, "has_bias", False):
-            gate_up = gate_up + self.gate_up_proj_bias[e]
-        h = self._apply_gate(gate_up)
-        w_d = self.down_proj[e].t() if getattr(self, "is_transposed", False) else self.down_proj[e]
-        y = torch.nn.functional.linear(h, w_d)
-        if getattr(self, "has_bias", False):
-            y = y + self.down_proj_bias[e]
-        if name is not None:
-            recorder.record(f"{name}.{e}.{roles['gate']}", x)
-            recorder.record(f"{name}.{e}.{roles['up']}", x)
-            recorder.record(f"{name}.{e}.{roles['down']}", h)
+        gate_up = linear(e, "gate_up", x, mod.gate_up_proj[e].t() if transposed else mod.gate_up_proj[e])
+        if bias:
+            gate_up = gate_up + mod.gate_up_proj_bias[e]
+        h = mod._apply_gate(gate_up)
+        y = linear(e, "down", h, mod.down_proj[e].t() if transposed else mod.down_proj[e])
+        if bias:
+            y = y + mod.down_proj_bias[e]
         y = y * top_k_weights[tok, pos, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
+
+
+def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The eager expert loop (:func:`expert_loop`), recording each expert's gate/up input (its
+    routed tokens) and down input."""
+    recorder = _ACTIVE[-1] if _ACTIVE else None
+    name, roles = recorder.experts.get(id(self), (None, None)) if recorder else (None, None)
+
+    def linear(e: int, side: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if name is not None:
+            for role in ("gate", "up") if side == "gate_up" else ("down",):
+                recorder.record(f"{name}.{e}.{roles[role]}", x)
+        return torch.nn.functional.linear(x, w)
+
+    return expert_loop(self, hidden_states, top_k_index, top_k_weights, linear)
 
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):

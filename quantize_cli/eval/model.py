@@ -210,31 +210,16 @@ def _fill_experts(sk: Skeleton, mod, container: str, loader: Loader) -> None:
 
 
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' eager expert loop (``hidden_states [T, H]``, ``top_k_* [T, k]``) with each
-    expert's inputs quantized as the MoE kernel does (one static scale per layer and side)."""
-    r13, r2 = STATE.experts.get(id(self), (NONE, NONE))
-    out = torch.zeros_like(hidden_states)
-    num = self.gate_up_proj.shape[0]
-    with torch.no_grad():
-        hit = torch.nn.functional.one_hot(top_k_index, num_classes=num + 1).permute(2, 1, 0)  # [E+1, k, T]
-        experts = torch.greater(hit.sum(dim=(-1, -2)), 0).nonzero()
-    for e in experts[:, 0].tolist():
-        if e == num:
-            continue
-        pos, tok = torch.where(hit[e])
-        x = hidden_states[tok]
-        w_gu = self.gate_up_proj[e].t() if getattr(self, "is_transposed", False) else self.gate_up_proj[e]
-        gate_up = torch.nn.functional.linear(quantize_activation(r13, x), w_gu.float()).to(x.dtype)
-        if getattr(self, "has_bias", False):
-            gate_up = gate_up + self.gate_up_proj_bias[e]
-        h = self._apply_gate(gate_up)
-        w_d = self.down_proj[e].t() if getattr(self, "is_transposed", False) else self.down_proj[e]
-        y = torch.nn.functional.linear(quantize_activation(r2, h), w_d.float()).to(h.dtype)
-        if getattr(self, "has_bias", False):
-            y = y + self.down_proj_bias[e]
-        y = y * top_k_weights[tok, pos, None]
-        out.index_add_(0, tok, y.to(out.dtype))
-    return out
+    """transformers' eager expert loop (calibration.hooks.expert_loop) with each expert's inputs
+    quantized as the MoE kernel does (one static scale per layer and side)."""
+    from ..calibration.hooks import expert_loop
+
+    rules = dict(zip(("gate_up", "down"), STATE.experts.get(id(self), (NONE, NONE))))
+
+    def linear(e: int, side: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(quantize_activation(rules[side], x), w.float()).to(x.dtype)
+
+    return expert_loop(self, hidden_states, top_k_index, top_k_weights, linear)
 
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):

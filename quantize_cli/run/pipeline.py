@@ -312,15 +312,16 @@ class AsyncWriter:
         except BaseException:  # noqa: BLE001 - the first error is the one reported
             pass
 
-    def abort(self, timeout: float | None = None) -> bool:
-        """After a failure elsewhere: drop every queued write and join the thread.
+    def abort(self, timeout: float | None = None, cause: BaseException | None = None) -> bool:
+        """After a failure elsewhere (`cause`, when known): drop every queued write and join the
+        thread; callbacks still run (``call``) see `cause` as the error that stopped the writes.
 
         Returns True when the thread has stopped (no write runs after this returns); False when
         it is still inside one write after `timeout` seconds (then the files must stay open).
         """
         if self._q is not None and self._thread is not None:
             if self._error is None:
-                self._error = RuntimeError("aborted")
+                self._error = cause or RuntimeError("aborted")
             self._q.put(None)
             self._thread.join(timeout)
             if self._thread.is_alive():

@@ -190,7 +190,8 @@ class ShardStream:
             self._closer.shutdown(wait=True)
         except BaseException as exc:  # noqa: BLE001 - handed to every unit still waiting
             self._break(exc)
-            stopped = out.abort(30.0 if isinstance(exc, Exception) else 0.05)
+            # the shards still closing report this failure, not "aborted": a NaN reaches the driver as itself
+            stopped = out.abort(30.0 if isinstance(exc, Exception) else 0.05, cause=exc)
             self._closer.shutdown(wait=True)
             self._fail_pending(exc, release=stopped)  # never close a file a write is still using
             return
@@ -290,10 +291,6 @@ class ShardStream:
                                              f"({exc.strerror or exc}); free disk space and rerun with --resume")
             if error is not None:
                 job.writer.abort()
-                # A write stopped by the stream's own failure (the writer's "aborted") reports that
-                # failure: a NaN in the next unit must reach the driver as itself, whichever unit's
-                # result the driver reads first (tests/test_ray_executor.py, flaky before).
-                error = self._broken or error
         finally:
             self._release(job)
         result = {"shard": self.plan.shard_names[job.unit.shard], "index": job.unit.shard, "bytes_in": job.unit.bytes_in,

@@ -148,3 +148,50 @@ def interrupt_after_tasks(monkeypatch, n: int):
 
     monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
     return lambda: monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)
+
+
+def kill_once_journaled(code: str, argv: list[str], journal, at_least: int, cwd: str, timeout: float = 180) -> list[str]:
+    """Run ``python -c code *argv`` (a convert whose journal grows slowly), SIGKILL it once `journal`
+    holds `at_least` lines (some tasks done, not all) and return the journal's lines then."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=cwd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= at_least:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return journal.read_text().splitlines()
+
+
+def spy_fsync_before_publish(monkeypatch) -> list[set[str]]:
+    """Record which files were fsynced (by name; temporaries written as NAME.tmp-PID count as NAME)
+    each time a work folder (``*.partial``) is renamed into place. Returns the list it fills: one set
+    per rename."""
+    import quantize_cli.output.destination as dmod
+
+    synced: set[str] = set()
+    at_rename: list[set[str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        try:
+            synced.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).split(".tmp-")[0])
+        except OSError:
+            pass
+        return real_fsync(fd)
+
+    def rename(a, b):
+        if str(a).endswith(".partial"):
+            at_rename.append(set(synced))
+        return real_rename(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(dmod.os, "rename", rename)
+    return at_rename

@@ -214,25 +214,9 @@ def test_a_second_run_cannot_take_the_lock_while_the_first_publishes(src, tmp_pa
 
 # -- durability ---------------------------------------------------------------------------------------------
 def test_every_output_file_is_fsynced_before_the_rename(src, tmp_path, monkeypatch):
-    import quantize_cli.output.destination as dmod
+    from tests.hostile.helpers import spy_fsync_before_publish
 
-    synced, at_rename = set(), []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def fsync(fd):
-        try:
-            synced.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).split(".tmp-")[0])  # written as NAME.tmp-PID
-        except OSError:
-            pass
-        return real_fsync(fd)
-
-    def rename(a, b):
-        if str(a).endswith(".partial"):
-            at_rename.append(set(synced))
-        return real_rename(a, b)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(dmod.os, "rename", rename)
+    at_rename = spy_fsync_before_publish(monkeypatch)
     convert(src, str(tmp_path / "out"), algo="FP8", quiet=True, max_shard_size="100KB")
     files = {f for f in os.listdir(tmp_path / "out")}
     assert "model.safetensors.index.json" in files and "generation_config.json" in files
