@@ -30,8 +30,11 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 _OURS = r"""
 import json, sys, time
 t0 = time.perf_counter()
-src, data, dst, device, algo, rounding, smooth, samples, seq_len = sys.argv[1:10]
+src, data, dst, device, algo, rounding, smooth, samples, seq_len, loop = sys.argv[1:11]
 import torch
+if loop == "torch":  # the solver's reference loop instead of the block kernel (same bytes, slower)
+    from quantize_cli.calibration import gptq
+    gptq.use_kernel = lambda *a: False
 from quantize_cli.api import ConvertOptions, convert
 res = convert(ConvertOptions(src, dst, algo=algo, device=device, quiet=True, overwrite=True, calib_data=data,
               calib_samples=int(samples), calib_seq_len=int(seq_len), rounding=rounding, smooth=smooth,
@@ -61,7 +64,12 @@ ids = [json.loads(l)["input_ids"][: int(seq_len)] for l in open(data)][: int(sam
 ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(s) for s in ids]})
 model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
 t1 = time.perf_counter()
-oneshot(model=model, dataset=ds, recipe=[GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])],
+# the synthetic checkpoint has no tokenizer and the tokens are ids already; oneshot still wants a processor
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+                              unk_token="<unk>", pad_token="<unk>")
+oneshot(model=model, dataset=ds, processor=tok, recipe=[GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])],
         max_seq_length=int(seq_len), num_calibration_samples=len(ids), shuffle_calibration_samples=False)
 t2 = time.perf_counter()
 model.save_pretrained(dst, save_compressed=True)
@@ -98,6 +106,10 @@ def main() -> None:
     p.add_argument("--rounding", default="gptq")
     p.add_argument("--smooth", default="none")
     p.add_argument("--llmc-python", help="a python with llmcompressor 0.14 (and CUDA torch): run its GPTQModifier too")
+    p.add_argument("--loop", choices=["auto", "torch"], default="auto",
+                   help="torch: GPTQ's column loop in torch even on a GPU (the reference; default: the Triton block kernel)")
+    p.add_argument("--dst", help="our output folder (default WORK/gptq-ALGO-SMOOTH)")
+    p.add_argument("--only", choices=["ours", "llmc"], help="run one side (two device calls on one warm machine)")
     p.add_argument("--json")
     a = p.parse_args()
     src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
@@ -112,11 +124,12 @@ def main() -> None:
               "one_layer_hessians_GB": 4 * (3 * 4096 * 4096 + 14336 * 14336) / 1e9,
               "checkpoint_GB": sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src)) / 1e9}
     results = []
-    dst = os.path.join(a.work, f"gptq-{a.algo}-{a.smooth}")
-    results.append({**_run([sys.executable, "-c", _OURS, src, data, dst, a.device, a.algo, a.rounding, a.smooth,
-                            str(a.samples), str(a.seq_len)], ROOT), **common})
-    print(json.dumps(results[-1]), flush=True)
-    if a.llmc_python:
+    dst = a.dst or os.path.join(a.work, f"gptq-{a.algo}-{a.smooth}")
+    if a.only != "llmc":
+        results.append({**_run([sys.executable, "-c", _OURS, src, data, dst, a.device, a.algo, a.rounding, a.smooth,
+                                str(a.samples), str(a.seq_len), a.loop], ROOT), **common})
+        print(json.dumps(results[-1]), flush=True)
+    if a.llmc_python and a.only != "ours":
         scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16"}[a.algo]
         results.append({**_run([a.llmc_python, "-c", _LLMC, src, data, os.path.join(a.work, f"llmc-gptq-{a.algo}"), scheme,
                                 str(a.samples), str(a.seq_len)], "/tmp"), **common})

@@ -110,7 +110,7 @@ def e4m3_to_f32(v, SOFT: tl.constexpr):
         # 2^(e - 10) built from its fp32 bits; e == 0 is the sub-normal case m * 2^-9.
         pow2 = ((e + (127 - 10)) << 23).to(tl.float32, bitcast=True)
         mag = tl.where(e == 0, m * 0.001953125, (m + 8.0) * pow2)
-        return tl.where((c & 0x80) != 0, -mag, mag)
+        return (mag.to(tl.int32, bitcast=True) | ((c >> 7) << 31)).to(tl.float32, bitcast=True)  # the sign in the bits keeps -0.0
     else:
         return v.to(tl.float32)
 

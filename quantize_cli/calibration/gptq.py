@@ -50,16 +50,42 @@ def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
 
 
 def _inverse_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of the damped inverse of `h` (damping raised x10 while it fails)."""
-    mean = torch.diagonal(h).mean()
+    """Upper Cholesky factor of the damped inverse of `h` (damping raised x10 while it fails).
+
+    `h` is consumed: damped in place and freed once factored, so a ``[K, K]`` Hessian costs about
+    two more of its size at the peak, not five (a 14336-wide ``down_proj`` input: 0.8 GB each).
+    """
+    diag = torch.diagonal(h)
+    mean = diag.mean()
+    undamped = diag.clone()
     for attempt in range(DAMP_RETRIES + 1):
         d = damp * 10**attempt
-        hd = h.clone()
-        hd.diagonal().add_(d * mean)
-        low, info = torch.linalg.cholesky_ex(hd)
+        diag.copy_(undamped).add_(d * mean)
+        low, info = torch.linalg.cholesky_ex(h)
         if int(info) == 0:
-            return torch.linalg.cholesky(torch.cholesky_inverse(low), upper=True), d
+            del h, diag
+            inv = torch.cholesky_inverse(low)
+            del low
+            return torch.linalg.cholesky(inv, upper=True), d
+        del low
     raise ValueError(f"the Hessian is not positive definite even with damping {d:g}; give more or other calibration data")
+
+
+def _order(h: torch.Tensor, act_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the column order ``[K]``, the dead channels ``[K]`` bool: diag(H) == 0). Act order sorts by
+    decreasing diag(H), a dead channel counting as 1 (its diagonal is set to 1)."""
+    diag = torch.diagonal(h).float()
+    dead = diag == 0
+    if not act_order:
+        return torch.arange(h.shape[0], device=h.device), dead
+    return torch.argsort(torch.where(dead, torch.ones_like(diag), diag), descending=True, stable=True), dead
+
+
+def _permuted(h: torch.Tensor, perm: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+    """``h`` fp32 in the order `perm`, dead channels' diagonal set to 1: one new ``[K, K]``."""
+    H = h.float()[perm][:, perm]
+    H.diagonal()[dead[perm]] = 1.0
+    return H
 
 
 def _round_with(grids: list[Grid]):
@@ -84,23 +110,46 @@ def _round_with(grids: list[Grid]):
     return round_col, finish, scale, codes
 
 
+def use_kernel(device: torch.device, grids: list[Grid], block: int) -> bool:
+    """Run the block loop in the Triton kernel (``kernels/gptq_block.py``, same bits)? On a CUDA
+    device with Triton, for grids the kernel knows and blocks it holds."""
+    from .. import kernels
+
+    if not (device.type == "cuda" and kernels.has_triton() and grids and grids[0].kernel):
+        return False
+    from ..kernels.gptq_block import MAX_WIDTH
+
+    return block <= MAX_WIDTH
+
+
 def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOCK, damp: float = DAMP,
-          act_order: bool = True) -> Solution:
+          act_order: bool = True, kernel: bool | None = None) -> Solution:
     """GPTQ of `w` ``[N, K]`` (the members of `grids` stacked by rows) under Hessian `h` ``[K, K]``.
 
     Each grid receives its members' codes (``grid.outputs()`` are then the format's tensors).
+    `kernel`: run each block in the Triton kernel (None: :func:`use_kernel`; True also runs it on
+    the CPU under ``TRITON_INTERPRET=1``, which the tests use to hold it to this loop).
     """
-    W = w.float().clone()
-    H = h.float().clone()
-    n, k = W.shape
-    dead = torch.diagonal(H) == 0
-    H[dead, dead] = 1.0
-    perm = torch.argsort(torch.diagonal(H), descending=True, stable=True) if act_order else torch.arange(k, device=W.device)
-    W, H = W[:, perm], H[perm][:, perm]
-    U, used = _inverse_factor(H, damp)
-    round_col, finish, scale, _ = _round_with(grids)
+    perm, dead = _order(h, act_order)
+    W = w.float()[:, perm]  # a new tensor: the loop below changes it in place
+    U, used = _inverse_factor(_permuted(h, perm, dead), damp)  # no reference kept here: freed once factored
+    round_col, finish, scale, codes = _round_with(grids)
     Q = torch.zeros_like(W)
-    order = perm.tolist()  # one host copy: no device sync per column
+    if kernel if kernel is not None else use_kernel(W.device, grids, block):
+        _blocks_in_kernel(W, U, Q, codes, scale, perm, grids, block)
+    else:
+        _blocks_in_torch(W, U, Q, round_col, perm.tolist(), block)  # one host copy of the order: no sync per column
+    finish()
+    inv = torch.argsort(perm)
+    Q = Q[:, inv]
+    href = h.float()
+    rtn = torch.cat([g.quantize_with(wm.float(), g.scale, g.zero)[1] for g, wm in zip(grids, _split(w, grids))]) if grids else w
+    return Solution(Q, used, output_error(w, Q, href), output_error(w, rtn, href))
+
+
+def _blocks_in_torch(W, U, Q, round_col, order: list[int], block: int) -> None:
+    """The reference: each column rounded, its error spread over the block's later columns."""
+    n, k = W.shape
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
         W1, E1, U1 = W[:, b0:b1].clone(), torch.zeros((n, b1 - b0), device=W.device), U[b0:b1, b0:b1]
@@ -112,12 +161,24 @@ def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOC
             W1[:, j:] -= err[:, None] * U1[j, j:][None, :]
             E1[:, j] = err
         W[:, b1:] -= E1 @ U[b0:b1, b1:]
-    finish()
-    inv = torch.argsort(perm)
-    Q = Q[:, inv]
-    href = h.float()
-    rtn = torch.cat([g.quantize_with(wm.float(), g.scale, g.zero)[1] for g, wm in zip(grids, _split(w, grids))]) if grids else w
-    return Solution(Q, used, output_error(w, Q, href), output_error(w, rtn, href))
+
+
+def _blocks_in_kernel(W, U, Q, codes, scale, perm, grids: list[Grid], block: int) -> None:
+    """The same loop with each block's columns in one Triton launch (equal bits)."""
+    from ..kernels.gptq_block import gptq_block
+
+    family = grids[0]
+    zero = None if family.zero is None else (torch.cat([g.zero for g in grids]) if len(grids) > 1 else family.zero)
+    scale = scale.float().contiguous()
+    zero = None if zero is None else zero.float().contiguous()
+    lo, hi = family.code_range
+    k = W.shape[1]
+    Uc = U.contiguous()  # for the kernel's addressing; the update below multiplies U itself, as the
+    # reference does: a GEMM on another memory layout may accumulate in another order
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        E1 = gptq_block(W, Uc, Q, codes, scale, zero, perm, b0, b1, family.kernel, lo, hi)
+        W[:, b1:] -= E1 @ U[b0:b1, b1:]
 
 
 def _split(w: torch.Tensor, grids: list[Grid]) -> list[torch.Tensor]:

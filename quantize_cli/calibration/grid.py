@@ -44,6 +44,8 @@ class Grid:
     one: int = 0  # the code of the value 1.0, as stored in :attr:`codes`
     zero: torch.Tensor | None = None  # fp32 [N, K] zero points (int4 asymmetric), else None
     code_dtype: torch.dtype = torch.uint8  # codes are kept as integers (index writes of fp8 are not everywhere)
+    kernel: str = ""  # the GPU kernel's name for this rounding (kernels/gptq_block.py KINDS); "" = none
+    code_range: tuple[int, int] = (0, 0)  # clamp bounds of an integer grid's codes
 
     def __init__(self, scheme, out: dict[str, torch.Tensor], key: str, shape: tuple[int, int]):
         self.scheme, self.out, self.key = scheme, out, key
@@ -93,6 +95,7 @@ class Grid:
 
 class E2M1Grid(Grid):
     one = 2  # E2M1 code 2 is 1.0
+    kernel = "e2m1"
 
     @classmethod
     def match(cls, payload, shape):
@@ -110,6 +113,7 @@ class E2M1Grid(Grid):
 
 class E4M3Grid(Grid):
     one = 0x38  # the e4m3 bits of 1.0
+    kernel = "e4m3"
 
     @classmethod
     def match(cls, payload, shape):
@@ -128,6 +132,8 @@ class E4M3Grid(Grid):
 class Int8Grid(Grid):
     one = 1
     code_dtype = torch.int8
+    kernel = "int"
+    code_range = (-128, 127)
 
     @classmethod
     def match(cls, payload, shape):
@@ -146,10 +152,12 @@ class Int4Grid(Grid):
     The scale and zero point are read from the scheme's own outputs, not re-derived."""
 
     code_dtype = torch.int8
+    kernel = "int"
 
     def __init__(self, scheme, out, key, shape):
-        from ..schemes.int4 import expand_groups
+        from ..schemes.int4 import INT4_MAX, INT4_MIN, expand_groups
 
+        self.code_range = (INT4_MIN, INT4_MAX)
         self.scheme, self.out, self.key = scheme, out, key
         self.codes = torch.zeros(shape, dtype=torch.int8, device=out[key].device)
         self.scale = expand_groups(out["weight_scale"].float())  # [N, K]
