@@ -64,6 +64,14 @@ class _Report:
             write_json(self.path, doc)
         return doc
 
+    def write_failure(self, doc: dict, warn) -> None:
+        """The report of a failed run: a report that cannot be written either (the disk that just
+        filled up) is a warning, so the run's own one-line error is what the user sees."""
+        try:
+            self.write(doc)
+        except OSError as exc:
+            warn(f"--report {self.path}: not written ({exc.strerror or exc})")
+
 
 def convert(opts: ConvertOptions, console: Console | None = None) -> ConvertResult:
     """Run `opts` (see the module docstring). Raises QuantizeError subclasses for every user-facing
@@ -107,7 +115,7 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
             how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
             options = {**identity.report_options(), **_run_settings(opts, how)}
     except QuantizeError as exc:
-        report.write(run_report(plan, options, None, timings, None, status="error", error=exc.message))
+        report.write_failure(run_report(plan, options, None, timings, None, status="error", error=exc.message), con.warn)
         raise
     if opts.dry_run:
         return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
@@ -239,7 +247,7 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             work.keep_for_resume(con.warn, exc)
         else:
             work.discard()
-        report.write(run_report(plan, options, stats, timings, None, status="error", error=exc.message))
+        report.write_failure(run_report(plan, options, stats, timings, None, status="error", error=exc.message), con.warn)
         raise
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
         work.keep_for_resume(con.warn)

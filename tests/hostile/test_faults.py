@@ -422,3 +422,24 @@ def test_sigkill_then_resume_gives_byte_identical_output(tmp_path, src, monkeypa
         for f, data in output_files(ref).items():  # not the card nor the bookkeeping: they name their own DST
             assert got[f] == data, f"{f} differs after a kill at write {n} and --resume"
         assert partials(tmp_path) == []
+
+
+def test_disk_full_report_too_keeps_the_one_line_error(tmp_path, src, monkeypatch):
+    """The disk fills up mid-write and the --report JSON cannot be written either (seen for real: a
+    second OSError traceback replaced the error): the write failure stays the one error, the report
+    is a warning, exit 1."""
+    import quantize_cli.convert as convert_mod
+
+    monkeypatch.setattr(writer_mod, "os", _FullDiskOs(1))
+    real = convert_mod.write_json
+
+    def full(path, doc):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(convert_mod, "write_json", full)
+    report = tmp_path / "report.json"
+    r = convert(src, tmp_path / "out", "--report", str(report))
+    assert_clean_failure(r, 1, "model.safetensors", "write failed", "No space left on device")
+    assert f"--report {report}: not written (No space left on device)" in r.output
+    assert not report.exists() and real is not full
+    assert_no_finished_dst(tmp_path / "out")
