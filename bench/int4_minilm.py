@@ -20,6 +20,12 @@ embeddings, per-sentence paired differences (mean, one standard error, sentences
         --algos INT4 INT4_ASYM W4A16_NVFP4 --variants rtn gptq --seq-len 512
     python bench/int4_minilm.py embed --model $M --work $W
     python bench/int4_minilm.py table --work $W
+    python bench/int4_minilm.py estimate --model $M --work $W   # what a group-scale search would add (fake quant)
+
+``estimate`` is a what-if, not a measured output: INT4 / INT4_ASYM (compressed-tensors grid) with
+each 128-group's range shrunk by the factor of ``SHRINK`` that minimizes the group's error weighted
+by the calibration inputs' E[x_j^2] (the fp32 model's, on calib.jsonl), as ``--scale-search mse``
+does for the other formats (refused for INT4 today), put in the model as fake-quantized weights.
 """
 
 from __future__ import annotations
@@ -131,6 +137,78 @@ def embed_all(a) -> None:
         print(f"{name}: {n} Linears, mean cosine {sum(cos[name]['cos']) / len(SENTENCES):.6f}", flush=True)
 
 
+SHRINK = [1 - 0.025 * i for i in range(17)]  # 1.0 ... 0.6
+
+
+def _group_cols(t):
+    """``[N, K/128]`` -> ``[N, K]``: each group's value on its 128 columns."""
+    return t.repeat_interleave(128, dim=1)
+
+
+def _searched_int4(w, cw, symmetric: bool, grid: list[float]):
+    """fp32 ``[N, K]``: `w` on compressed-tensors' INT4 grid (the range of each 128-group scaled
+    by the factor of `grid` with the least sum over the group of ``cw_j * (w - q)^2``, `cw` ``[1, K]``)."""
+    import torch
+
+    from quantize_cli.formats.ct_int4 import ct_int4_codes, ct_int4_qparams
+
+    n, k = w.shape
+    best, err = None, None
+    for f in grid:
+        s, z = ct_int4_qparams(w * f, symmetric)  # the qparams of the shrunk range
+        zf = 0 if z is None else _group_cols(z).float()
+        q = (ct_int4_codes(w, _group_cols(s), None if z is None else _group_cols(z)).float() - zf) * _group_cols(s)
+        e = ((w - q) ** 2 * cw).reshape(n, k // 128, 128).sum(-1)
+        take = e < err if err is not None else torch.ones_like(e, dtype=torch.bool)
+        best = q if best is None else torch.where(_group_cols(take), q, best)
+        err = e if err is None else torch.minimum(e, err)
+    return best
+
+
+def estimate(a) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from search_accuracy import SENTENCES
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModel.from_pretrained(a.model, dtype=torch.float32).eval()
+    ref = embed(model, tok, SENTENCES)
+    lins = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    sq = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in lins.items()}
+    count = {n: 0 for n in lins}
+
+    def hook(name):
+        def f(_m, args):
+            x = args[0].reshape(-1, args[0].shape[-1]).double()
+            sq[name] += (x ** 2).sum(0)
+            count[name] += x.shape[0]
+        return f
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in lins.items()]
+    with torch.no_grad():
+        for line in open(os.path.join(a.work, "calib.jsonl")):
+            model(input_ids=torch.tensor([json.loads(line)["input_ids"]]))
+    for h in handles:
+        h.remove()
+    cos = json.load(open(os.path.join(a.work, "cosines.json")))
+    saved = {n: m.weight.data.clone() for n, m in lins.items()}
+    for algo, sym in (("INT4", True), ("INT4_ASYM", False)):
+        for label, grid in (("rtn", [1.0]), ("searched", SHRINK)):
+            with torch.no_grad():
+                for n, m in lins.items():
+                    cw = (sq[n] / max(count[n], 1)).float()[None, :]
+                    m.weight.data = _searched_int4(saved[n], cw, sym, grid)
+            e = embed(model, tok, SENTENCES)
+            c = torch.nn.functional.cosine_similarity(e, ref, dim=-1).double().tolist()
+            rtn = cos[f"ours-{algo}-ct-rtn"]["cos"]
+            g = 1 - sum(rtn) / len(rtn)
+            print(f"| {algo} fake-quant {label} | {sum(c) / len(c):.6f} | vs our written RTN {_paired(c, rtn)} | "
+                  f"gap closed {((1 - sum(c) / len(c)) - g) / -g:+.0%} |", flush=True)
+    for n, m in lins.items():
+        m.weight.data = saved[n]
+
+
 def _paired(c: list[float], base: list[float]) -> str:
     d = [x - y for x, y in zip(c, base)]
     m = sum(d) / len(d)
@@ -140,7 +218,9 @@ def _paired(c: list[float], base: list[float]) -> str:
 
 def table(a) -> None:
     cos = json.load(open(os.path.join(a.work, "cosines.json")))
-    times = {}
+    mo = os.path.join(a.work, "modelopt_cosines.json")  # bench/gptq_modelopt.py --embed: ModelOpt's own quantized model
+    cos.update(json.load(open(mo)) if os.path.exists(mo) else {})
+    times = {k: {"seconds": v["seconds"]} for k, v in cos.items() if "seconds" in v}
     for f in ("times.json", "llmc_times.json"):
         p = os.path.join(a.work, f)
         times.update(json.load(open(p)) if os.path.exists(p) else {})
@@ -150,12 +230,13 @@ def table(a) -> None:
     algos = ("INT4", "INT4_ASYM", "W4A16_NVFP4")
     order = [f"{who}-{al}-{v}" for al in algos for who, v in (("ours", "ct-rtn"), ("ours", "ct-gptq"), ("ours", "ct-awq"), ("llmc", "rtn"),
              ("llmc", "gptq"), ("llmc", "awq"), ("ours", "mo-rtn"), ("ours", "mo-gptq"), ("ours", "mo-awq"), ("ours", "mo-mse"),
-             ("ours", "mo-gptq-mse"))]
+             ("ours", "mo-gptq-mse"), ("modelopt", "rtn"), ("modelopt", "awq"))]
     for name, r in sorted(cos.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
         algo = next(al for al in ("INT4_ASYM", "INT4", "W4A16_NVFP4") if f"-{al}-" in name)
         c = r["cos"]
         mean = sum(c) / len(c)
-        base = f"ours-{algo}-{'mo' if '-mo-' in name else 'ct'}-rtn"  # our round to nearest, same format
+        mo_grid = "-mo-" in name or name.startswith("modelopt-")
+        base = f"ours-{algo}-{'mo' if mo_grid else 'ct'}-rtn"  # our round to nearest on the same grid
         rtn = cos.get(base, {}).get("cos")
         peer = cos.get(f"llmc-{algo}-gptq", {}).get("cos")
         closed = ""
@@ -168,12 +249,12 @@ def table(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["ours", "embed", "table"])
+    p.add_argument("step", choices=["ours", "embed", "table", "estimate"])
     p.add_argument("--model")
     p.add_argument("--work", default="/tmp/int4-mini")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     a = p.parse_args()
-    {"ours": ours, "embed": embed_all, "table": table}[a.step](a)
+    {"ours": ours, "embed": embed_all, "table": table, "estimate": estimate}[a.step](a)
 
 
 if __name__ == "__main__":
