@@ -4,7 +4,8 @@ Run in the scratch venv that has llm-compressor (never the project's)::
 
     /root/llmc-venv/bin/python bench/gptq_llmc.py --model /root/smol-model --work /tmp/gq-bench
 
-For W4A16_NVFP4 (llm-compressor's ``NVFP4A16``), NVFP4 (``NVFP4``) and INT4 (``W4A16``) it writes
+For W4A16_NVFP4 (llm-compressor's ``NVFP4A16``), NVFP4 (``NVFP4``), INT4 (``W4A16``) and INT4_ASYM
+(``W4A16_ASYM``) it writes
 ``outputs/llmc-<ALGO>-<variant>`` (compressed-tensors) for:
 
     rtn       QuantizationModifier
@@ -12,7 +13,8 @@ For W4A16_NVFP4 (llm-compressor's ``NVFP4A16``), NVFP4 (``NVFP4``) and INT4 (``W
     awq       AWQModifier (its defaults: duo scaling, 20 grid points) + QuantizationModifier
     awq-gptq  AWQModifier + GPTQModifier
 
-``lm_head`` is ignored, as the project leaves it unquantized. Calibration: every sample of
+``lm_head`` is ignored, as the project leaves it unquantized. ``--model-class auto`` loads an encoder
+(``AutoModel``, e.g. all-MiniLM-L6-v2's ``BertModel``) instead of ``AutoModelForCausalLM``. Calibration: every sample of
 ``calib.jsonl`` (the project's ``default`` samples as token ids), one per batch, on the CPU.
 """
 
@@ -46,10 +48,11 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=["rtn", "gptq", "awq", "awq-gptq"])
     p.add_argument("--again", action="store_true")
     p.add_argument("--seq-len", type=int, default=512, help="max_seq_length (the samples' length)")
+    p.add_argument("--model-class", choices=["causal", "auto"], default="causal", help="auto: AutoModel (an encoder)")
     a = p.parse_args()
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     import llmcompressor
     from llmcompressor import oneshot
@@ -62,12 +65,13 @@ def main() -> None:
     ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
     times = {}
     for algo in a.algos:
-        scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16"}[algo]
+        scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16", "INT4_ASYM": "W4A16_ASYM"}[algo]
         for variant in a.variants:
             dst = os.path.join(a.work, "outputs", f"llmc-{algo}-{variant}")
             if os.path.isdir(dst) and not a.again:
                 continue
-            model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16)
+            cls = AutoModel if a.model_class == "auto" else AutoModelForCausalLM
+            model = cls.from_pretrained(a.model, dtype=torch.bfloat16 if a.model_class == "causal" else torch.float32)
             t0 = time.perf_counter()
             oneshot(model=model, dataset=ds, recipe=recipe(variant, scheme), max_seq_length=a.seq_len,
                     num_calibration_samples=len(samples), shuffle_calibration_samples=False)

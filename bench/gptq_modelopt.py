@@ -8,6 +8,12 @@ Writes ``outputs/modelopt-<ALGO>-<variant>`` (``export_hf_checkpoint``):
 
     NVFP4        rtn: NVFP4_DEFAULT_CFG (max calibration)    awq: NVFP4_AWQ_LITE_CFG    awq-clip: NVFP4_AWQ_CLIP_CFG
     W4A16_NVFP4  rtn: W4A16_NVFP4_CFG                        awq: W4A16_NVFP4_CFG with algorithm awq_lite
+    INT4         rtn: INT4_BLOCKWISE_WEIGHT_ONLY_CFG         awq: INT4_AWQ_CFG (W4A16_AWQ)
+
+``--model-class auto`` loads an encoder (``AutoModel``, fp32: all-MiniLM-L6-v2) and, with
+``--embed``, measures ModelOpt's own quantized model (its simulated quantization, not an exported
+checkpoint: ``export_hf_checkpoint`` targets decoders) on ``search_accuracy.SENTENCES`` as
+``bench/int4_minilm.py embed`` does, into ``modelopt_cosines.json`` (read by its ``table``).
 
 ``lm_head`` stays unquantized (ModelOpt's default configs disable it). Calibration: every sample of
 ``calib.jsonl``, one forward each, on the device given (default: the CPU).
@@ -31,7 +37,8 @@ def configs(mtq) -> dict:
     w4a16_awq["algorithm"] = "awq_lite"
     return {("NVFP4", "rtn"): mtq.NVFP4_DEFAULT_CFG, ("NVFP4", "awq"): mtq.NVFP4_AWQ_LITE_CFG,
             ("NVFP4", "awq-clip"): mtq.NVFP4_AWQ_CLIP_CFG, ("W4A16_NVFP4", "rtn"): mtq.W4A16_NVFP4_CFG,
-            ("W4A16_NVFP4", "awq"): w4a16_awq}
+            ("W4A16_NVFP4", "awq"): w4a16_awq, ("INT4", "rtn"): mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+            ("INT4", "awq"): mtq.INT4_AWQ_CFG}
 
 
 def main() -> None:
@@ -41,21 +48,26 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--only", nargs="*", help="ALGO-variant names to make (default: all)")
     p.add_argument("--again", action="store_true")
+    p.add_argument("--model-class", choices=["causal", "auto"], default="causal", help="auto: AutoModel (an encoder), fp32")
+    p.add_argument("--embed", action="store_true", help="measure the quantized model's sentence embeddings instead of exporting")
     a = p.parse_args()
     import modelopt
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     samples = [json.loads(line)["input_ids"] for line in open(os.path.join(a.work, "calib.jsonl"))]
-    times = {}
+    times, cosines, ref = {}, {}, None
+    cls, dtype = (AutoModel, torch.float32) if a.model_class == "auto" else (AutoModelForCausalLM, torch.bfloat16)
+    if a.embed:
+        ref = _embed(cls.from_pretrained(a.model, dtype=dtype).eval(), a.model)
     for (algo, variant), cfg in configs(mtq).items():
         name = f"{algo}-{variant}"
         dst = os.path.join(a.work, "outputs", f"modelopt-{name}")
-        if (a.only and name not in a.only) or (os.path.isdir(dst) and not a.again):
+        if (a.only and name not in a.only) or (os.path.isdir(dst) and not a.again and not a.embed):
             continue
-        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).to(a.device).eval()
+        model = cls.from_pretrained(a.model, dtype=dtype).to(a.device).eval()
 
         def loop(m):
             with torch.no_grad():
@@ -65,9 +77,31 @@ def main() -> None:
         t0 = time.perf_counter()
         mtq.quantize(model, cfg, forward_loop=loop)
         times[name] = round(time.perf_counter() - t0, 1)
+        if a.embed:
+            c = torch.nn.functional.cosine_similarity(_embed(model, a.model), ref, dim=-1).double().tolist()
+            n = sum(1 for _, m in model.named_modules() if getattr(getattr(m, "weight_quantizer", None), "is_enabled", False))
+            cosines[f"modelopt-{name}"] = {"linears": n, "cos": c, "seconds": times[name]}
+            json.dump(cosines, open(os.path.join(a.work, "modelopt_cosines.json"), "w"))
+            print(f"modelopt {name}: {times[name]} s, {n} quantized Linears, mean cosine {sum(c) / len(c):.6f}", flush=True)
+            continue
         export_hf_checkpoint(model, export_dir=dst)
         print(f"modelopt {name}: {times[name]} s", flush=True)
     print(json.dumps({"modelopt": modelopt.__version__, "torch": torch.__version__, "seconds": times}))
+
+
+def _embed(model, path: str):
+    """[S, H] mean-pooled embeddings of search_accuracy.SENTENCES, one sentence per forward (bench/int4_minilm.py's)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.spec_from_file_location("search_accuracy", os.path.join(os.path.dirname(os.path.abspath(__file__)), "search_accuracy.py"))
+    sentences = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sentences)
+    tok = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        return torch.stack([model(**tok(s, return_tensors="pt")).last_hidden_state[0].float().mean(0) for s in sentences.SENTENCES])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..algorithms import MIXED_PRECISION, canonical_algo
+from ..algorithms import MIXED_PRECISION, algo_of_quant_algo, canonical_algo
 from ..errors import SourceError
 from .activations import NONE, ActRule
 
@@ -256,15 +256,21 @@ def _modelopt_config(source):
     q = nested.get("quantization") or {}
     quant_algo = str(q.get("quant_algo"))
     if quant_algo == MIXED_PRECISION:
-        layers = {m: canonical_algo((cfg or {}).get("quant_algo", "")) for m, cfg in (q.get("quantized_layers") or {}).items()}
+        layers = {m: _algo((cfg or {}).get("quant_algo", "")) for m, cfg in (q.get("quantized_layers") or {}).items()}
         algo_of = layers.get
     else:
-        algo = canonical_algo(quant_algo)
+        algo = _algo(quant_algo)
         if algo is None:
             raise SourceError(f"{source.root}/hf_quant_config.json: quant_algo {quant_algo!r} is not one this tool evaluates")
         algo_of = lambda _m: algo  # noqa: E731
     layout = ((nested.get("converter") or {}).get("layout") or {}).get("name")
     return algo_of, quant_algo, str(q.get("kv_cache_quant_algo") or "").upper() == "FP8", _recipe(nested, source), layout
+
+
+def _algo(quant_algo: str) -> str | None:
+    """ModelOpt's quant_algo -> our algorithm: its own name, or the ModelOpt name it is written as
+    (``W4A16_AWQ`` -> INT4: ModelOpt never writes INT4_ASYM)."""
+    return canonical_algo(quant_algo) or algo_of_quant_algo(quant_algo)
 
 
 def _ct_config(source):

@@ -166,9 +166,10 @@ def test_packed_moe_experts_serve_the_plain_weights(tmp_path):
 def test_served_weight_is_the_scheme_dequantization_for_an_ordinary_conversion(tmp_path, tiny_llama):
     from tests.conftest import load_all
 
-    for algo in ("FP8_PB_WO", "INT8", "W4A16_NVFP4"):
+    for algo in ("FP8_PB_WO", "INT8", "W4A16_NVFP4", "INT4"):  # INT4: ModelOpt's quant_algo W4A16_AWQ
         dst = convert(tiny_llama, str(tmp_path / algo), algo=algo, device="cpu", quiet=True).dst
         served, tensors = open_served(dst), load_all(dst)
+        assert served.linears["model.layers.1.mlp.down_proj"].algo == algo
         name = "model.layers.1.mlp.down_proj"
         leaves = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
         assert torch.equal(served.weight(name), SCHEMES[algo].dequantize(leaves).float())
