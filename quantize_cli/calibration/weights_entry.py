@@ -103,7 +103,7 @@ def _num_heads(config: dict) -> int | None:
 
 
 def run(src: str, plan, calib_data: str, samples: int, seq_len: int, device, budget, rounding: str, smooth: str,
-        folder: str, revision=None, quiet: bool = True, recipe=None, info=None):
+        folder: str, revision=None, quiet: bool = True, recipe=None, info=None, warn=None):
     """Calibrate `src` with the transform for `plan`; returns (ScalesDoc, WeightsDoc) (the doc saved in `folder`)."""
     from . import calibrate
     from ..checkpoint.source import open_source
@@ -125,7 +125,17 @@ def run(src: str, plan, calib_data: str, samples: int, seq_len: int, device, bud
     doc.weights = {"folder": os.path.basename(folder), "sha256": weights.sha256, "request": request}
     doc.save(os.path.join(folder, SCALES_NAME))
     say(_describe(weights.summary))
+    if smooth != "none" and not weights.summary.get("smoothed_mappings"):
+        (warn or say)(_nothing_smoothed(smooth, rounding, source.config.get("model_type")))
     return doc, weights
+
+
+def _nothing_smoothed(smooth: str, rounding: str, model_type) -> str:
+    """--smooth found no pair to fold into (smooth.mappings knows Llama-style decoder layers only)."""
+    rest = "GPTQ" if rounding == "gptq" else "round-to-nearest"
+    return (f"--smooth {smooth}: nothing was smoothed: no layer of this model (model_type {model_type!r}) has the pairs "
+            "it folds into (a norm before q/k/v or gate/up, v_proj before o_proj, up_proj before down_proj); "
+            f"the weights are {rest} as without --smooth")
 
 
 def _summary(r: dict) -> dict:
@@ -220,7 +230,7 @@ def weights_for_convert(opts, ok, con, draft, device):
         doc, weights = again
     else:
         doc, weights = run(opts.src, draft, opts.calib_data, samples, seq_len, device, ok.budget, rounding, smooth, folder,
-                           opts.revision, opts.quiet, opts.recipe, con.info)
+                           opts.revision, opts.quiet, opts.recipe, con.info, con.warn)
     return (doc if keep else None), replace(weights, temporary=True)
 
 
@@ -243,7 +253,7 @@ def calibrate_weights(src: str, draft, calib_data: str, output: str, samples: in
     flags = f"--rounding {rounding} --smooth {smooth}"
     stem = output[:-5] if output.endswith(".json") else output
     doc, _ = run(src, draft, calib_data, samples, seq_len, device, budget, rounding, smooth, f"{stem}.weights", revision,
-                 quiet, recipe, con.info)
+                 quiet, recipe, con.info, con.warn)
     doc.save(output)
     con.info(f"wrote {output} and {stem}.weights/ (use: quantize convert {src} -o DST --algo {draft.scheme.algo} "
              f"--act-scales {output} {flags})")

@@ -59,6 +59,6 @@ def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
     if method == "none":
         return scheme
     if not isinstance(scheme, SEARCHABLE):
-        raise UsageError(f"--scale-search mse --algo {scheme.algo}: one scale per tensor, shared by a fused group, is not "
-                         "searched; use it with NVFP4, W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN or FP8_PB_WO, or drop it")
+        raise UsageError(f"--scale-search mse --algo {scheme.algo}: this format's scales are not searched (only NVFP4, "
+                         "W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN and FP8_PB_WO have a search); drop it")
     return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)

@@ -255,3 +255,17 @@ def test_ray_executor_writes_the_same_bytes(llama, tmp_path, ray_cluster):
     _convert(src, tmp_path / "local", "NVFP4", data, rounding="gptq", smooth="awq")
     _convert(src, tmp_path / "ray", "NVFP4", data, rounding="gptq", smooth="awq", executor="ray")
     assert tensors(tmp_path / "local") == tensors(tmp_path / "ray")
+
+
+def test_smooth_on_a_model_without_its_pairs_says_so(tmp_path):
+    """BERT (post-norm, GELU between the MLP's Linears) has none of the pairs --smooth folds into:
+    the run warns instead of silently writing round-to-nearest."""
+    src = builders.bert(str(tmp_path / "bert"))
+    data = tmp_path / "calib.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": s[:32]}) + "\n" for s in SAMPLES))
+    r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "out"), "--algo", "W4A16_NVFP4", "--device", "cpu",
+                                  "--calib-data", str(data), "--smooth", "awq"])
+    assert r.exit_code == 0, r.output
+    assert "--smooth awq: nothing was smoothed" in r.output and "model_type 'bert'" in r.output
+    conv = json.load(open(tmp_path / "out" / "hf_quant_config.json"))["converter"]["weights"]
+    assert conv["smoothed_mappings"] == 0
