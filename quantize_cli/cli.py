@@ -138,6 +138,9 @@ def main():
 @click.option("--verify", is_flag=True, help="Run `quantize verify --source SRC` on the output before publishing it.")
 @click.option("--eval", "eval", is_flag=True, help="Run `quantize eval DST --source SRC` on the output before publishing it (calib extra).")
 @gate_options
+@click.option("--eval-data", metavar="DATA", help="--eval's text: default (held-out, shipped), FILE.txt, FILE.jsonl or a cached dataset id.")
+@click.option("--eval-samples", type=click.IntRange(min=1), metavar="N", help="--eval's samples (default 64).")
+@click.option("--eval-seq-len", type=click.IntRange(min=2), metavar="L", help="--eval's tokens per sample (default 512).")
 @click.option("--low-disk", is_flag=True, help="Hub SRC: fetch one source shard at a time and drop it when done.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"], case_sensitive=False), default="none", show_default=True,
               help="mse: per group, the candidate scale with the least squared error, weighted by the activations with "

@@ -29,7 +29,7 @@ from .checkpoint.durable import write_json
 from .console import Console
 from .devices import device_label
 from .errors import CheckFailed, DestinationError, QuantizeError
-from .eval import GATES as _GATES, check_convert_eval  # torch-free: eval imports torch only when it runs
+from .eval import GATES as _GATES, SETTINGS as _EVAL_SETTINGS, check_convert_eval, convert_eval_settings  # torch-free
 from .output.identity import RunIdentity
 from .console import human_bytes
 from .output.report import run_report, unplanned_report
@@ -89,8 +89,8 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     try:
         ok = check_options(opts)  # usage errors, in the first second, before anything is read
         how = check_run_options(opts, ok.format)  # --executor, --device, --kernels by name (no torch yet)
-        if opts.eval or any(getattr(opts, g) is not None for g in _GATES):
-            check_convert_eval(opts.eval, {g: getattr(opts, g) for g in _GATES})
+        if opts.eval or any(getattr(opts, g) is not None for g in (*_GATES, *_EVAL_SETTINGS)):
+            check_convert_eval(opts.eval, {g: getattr(opts, g) for g in _GATES}, {s: getattr(opts, s) for s in _EVAL_SETTINGS})
         check_source_path(opts.src)  # SRC exists (a folder, an example, a Hub id): after every usage error
         finished = not opts.dry_run and opts.resume and not opts.overwrite and finished_dst(opts.dst)  # a retry after success
         preflight(opts, finished)
@@ -275,7 +275,8 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
         raise CheckFailed(f"--eval: {opts.src} is not on disk here (--low-disk or Ray workers read it), so the gates have nothing "
                           "to compare with; run `quantize eval DST --source SRC` with them instead")
     with layer_bar(opts.quiet) as bar:
-        result = run_eval(folder, source=src, device=how.device, progress=bar, **limits)
+        settings = convert_eval_settings({s: getattr(opts, s) for s in _EVAL_SETTINGS})
+        result = run_eval(folder, source=src, device=how.device, progress=bar, **settings, **limits)
     result.dst = opts.dst  # the text and the report name DST, not the work folder it was measured in
     if opts.quiet:
         for w in result.warnings:

@@ -99,15 +99,25 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
 
 
 GATES = ("max_ppl_increase", "max_kl", "min_top1")  # the gate options, as keywords (``--max-kl`` on the CLI)
+# convert --eval's own --eval-data / --eval-samples / --eval-seq-len: run_eval's data, samples, seq_len
+SETTINGS = {"eval_data": "data", "eval_samples": "samples", "eval_seq_len": "seq_len"}
 
 
-def check_convert_eval(enabled: bool, limits: dict) -> None:
-    """``convert --eval`` and its gates: the usage errors, before anything is read (torch-free)."""
-    given = [f"--{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
+def convert_eval_settings(values: dict) -> dict:
+    """``convert --eval-*`` values (None: eval's default) -> :func:`run_eval` keywords."""
+    defaults = {"data": "default", "samples": DEFAULT_SAMPLES, "seq_len": DEFAULT_SEQ_LEN}
+    return {kw: values[opt] if values.get(opt) is not None else defaults[kw] for opt, kw in SETTINGS.items()}
+
+
+def check_convert_eval(enabled: bool, limits: dict, settings: dict | None = None) -> None:
+    """``convert --eval``, its gates and its --eval-* settings: the usage errors, before anything is
+    read (torch-free)."""
+    given = [f"--{k.replace('_', '-')}" for k, v in {**limits, **(settings or {})}.items() if v is not None]
     if given and not enabled:
-        raise UsageError(f"{', '.join(given)}: eval gate(s) of the converted output; add --eval (or run `quantize eval DST "
-                         "--source SRC` with them)")
-    _check_options("SRC", limits, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN)
+        raise UsageError(f"{', '.join(given)}: eval gate(s) / setting(s) of the converted output; add --eval (or run "
+                         "`quantize eval DST --source SRC` with them)")
+    kw = convert_eval_settings(settings or {})
+    _check_options("SRC", limits, kw["samples"], kw["seq_len"])
     if enabled:
         import importlib.util
 
@@ -189,4 +199,5 @@ def _warnings(result: EvalResult, served, src) -> list[str]:
     return out
 
 
-__all__ = ["run_eval", "EvalResult", "Gate", "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN"]
+__all__ = ["run_eval", "EvalResult", "Gate", "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN", "GATES", "SETTINGS", "check_convert_eval",
+           "convert_eval_settings"]

@@ -79,3 +79,17 @@ def test_eval_reads_a_compressed_tensors_work_folder(tmp_path):
     assert r.exit_code == 0, r.stderr
     doc = json.load(open(report))["eval"]
     assert doc["checkpoint"]["format"] == "compressed-tensors" and doc["metrics"]["top1_agreement"] > 0.5
+
+
+def test_eval_settings_choose_the_text_and_its_size(tmp_path):
+    """--eval-data / --eval-samples / --eval-seq-len are eval's --data / --samples / --seq-len; alone
+    they are refused like the gates (usage error, nothing read)."""
+    text = tmp_path / "held-out.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog while the river runs to the sea. " * 40)
+    r = _convert(tmp_path / "refused", "--eval-samples", "2")
+    assert_clean_failure(r, 2, "--eval-samples", "--eval")
+    dst, report = tmp_path / "out", tmp_path / "report.json"
+    r = _convert(dst, "--eval", "--eval-data", text, "--eval-samples", "3", "--eval-seq-len", "16", "--report", report)
+    assert r.exit_code == 0, r.stderr
+    data = json.load(open(report))["eval"]["data"]
+    assert data["spec"] == str(text) and data["samples"] == 3 and data["tokens"] == 3 * 16, data
