@@ -16,7 +16,9 @@ checkpoint: ``export_hf_checkpoint`` targets decoders) on ``search_accuracy.SENT
 ``bench/int4_minilm.py embed`` does, into ``modelopt_cosines.json`` (read by its ``table``).
 
 ``lm_head`` stays unquantized (ModelOpt's default configs disable it). Calibration: every sample of
-``calib.jsonl``, one forward each, on the device given (default: the CPU).
+``calib.jsonl``, one forward each, on the device given. ModelOpt 0.47's NVFP4 fake quantization is CUDA-only
+(``tensor_quant._dynamic_block_quantize_impl``: "amax must be a CUDA tensor for dynamic block
+quantization"), so every NVFP4 config needs ``--device cuda``: ``bench/modelopt_gpu.sh`` runs it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--work", default="/tmp/gq-bench")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cuda")
     p.add_argument("--only", nargs="*", help="ALGO-variant names to make (default: all)")
     p.add_argument("--again", action="store_true")
     p.add_argument("--model-class", choices=["causal", "auto"], default="causal", help="auto: AutoModel (an encoder), fp32")
@@ -86,6 +88,9 @@ def main() -> None:
             continue
         export_hf_checkpoint(model, export_dir=dst)
         print(f"modelopt {name}: {times[name]} s", flush=True)
+        path = os.path.join(a.work, "modelopt_times.json")
+        old = json.load(open(path)) if os.path.exists(path) else {}
+        json.dump({**old, f"modelopt-{name}": {"seconds": times[name]}}, open(path, "w"), indent=1)
     print(json.dumps({"modelopt": modelopt.__version__, "torch": torch.__version__, "seconds": times}))
 
 

@@ -35,7 +35,29 @@ VARIANTS = {  # name -> convert keywords (every variant gets --calib-data calib.
     "gptq": {"rounding": "gptq"},
     "awq": {"smooth": "awq"},
     "awq-gptq": {"smooth": "awq", "rounding": "gptq"},
+    # the activation-weighted search (issue 28): group scales weighted by the calibration's E[x_j^2]
+    "mse": {"scale_search": "mse"},
+    "gptq-mse": {"rounding": "gptq", "scale_search": "mse"},
+    "awq-mse": {"smooth": "awq", "scale_search": "mse"},
+    "awq-gptq-mse": {"smooth": "awq", "rounding": "gptq", "scale_search": "mse"},
 }
+
+
+def _levers(a) -> str:
+    """Apply the bench-only levers (monkeypatched, never package defaults); the output name's suffix."""
+    tag = ""
+    if a.damp is not None:  # GPTQ's damping, relative to mean(diag H): solve() binds DAMP as a default argument
+        from quantize_cli.calibration import gptq
+
+        solve = gptq.solve
+        gptq.solve = lambda *args, **kw: solve(*args, **{**kw, "damp": a.damp})
+        tag += f"-d{a.damp:g}"
+    if a.awq_grid is not None:  # AWQ's number of candidate scales (llm-compressor's 20)
+        from quantize_cli.calibration import smooth
+
+        smooth.N_GRID = a.awq_grid
+        tag += f"-g{a.awq_grid}"
+    return tag
 
 
 def data(a) -> None:
@@ -43,7 +65,7 @@ def data(a) -> None:
 
     os.makedirs(a.work, exist_ok=True)
     cfg = json.load(open(os.path.join(a.model, "config.json")))
-    ids, meta = load_samples("default", a.model, cfg.get("vocab_size"), a.calib_samples, a.calib_seq_len)
+    ids, meta = load_samples(a.calib_data, a.model, cfg.get("vocab_size"), a.calib_samples, a.calib_seq_len)
     with open(os.path.join(a.work, "calib.jsonl"), "w") as f:
         f.writelines(json.dumps({"input_ids": s}) + "\n" for s in ids)
     print(f"calibration: {meta['samples']} samples, {meta['tokens']} tokens")
@@ -56,21 +78,23 @@ def ours(a) -> None:
     calib = os.path.join(a.work, "calib.jsonl")
     out = os.path.join(a.work, "outputs")
     os.makedirs(out, exist_ok=True)
+    tag = _levers(a)
     times = _load(os.path.join(a.work, "times.json"))
     for algo in a.algos:
         for name in a.variants:
-            dst = os.path.join(out, f"ours-{algo}-{name}")
+            dst = os.path.join(out, f"ours-{algo}-{name}{tag}")
             if os.path.isdir(dst):
                 continue
             # NVFP4 calibrates its static input scales in every variant; the weight-only formats only need data for GPTQ / AWQ
             data = calib if name != "rtn" or algo == "NVFP4" else None
             t0, cpu0 = time.perf_counter(), time.process_time()
-            api.convert(ConvertOptions(a.model, dst, algo=algo, device="cpu", quiet=True, calib_data=data,
+            api.convert(ConvertOptions(a.model, dst, algo=algo, device=a.device, quiet=True, calib_data=data,
                                        report=dst + ".report.json", **VARIANTS[name]))
-            times[f"ours-{algo}-{name}"] = {"seconds": round(time.perf_counter() - t0, 1),
-                                            "cpu_seconds": round(time.process_time() - cpu0, 1)}
+            key = os.path.basename(dst)
+            times = _load(os.path.join(a.work, "times.json"))  # another process may have added rows meanwhile
+            times[key] = {"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - cpu0, 1)}
             json.dump(times, open(os.path.join(a.work, "times.json"), "w"), indent=1)
-            print(f"ours {algo} {name}: {times[f'ours-{algo}-{name}']}", flush=True)
+            print(f"{key}: {times[key]}", flush=True)
 
 
 def evaluate(a) -> None:
@@ -79,26 +103,32 @@ def evaluate(a) -> None:
         if not os.path.isdir(dst) or os.path.basename(dst).startswith(".") or os.path.exists(js):
             continue
         cmd = [sys.executable, "-m", "quantize_cli.cli", "eval", dst, "--source", a.model, "--data", "default",
-               "--samples", str(a.samples), "--seq-len", str(a.seq_len), "--device", "cpu", "--quiet", "--json", js]
+               "--samples", str(a.samples), "--seq-len", str(a.seq_len), "--device", a.device, "--quiet", "--json", js]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         print(f"{os.path.basename(dst)}: rc {r.returncode} ({time.perf_counter() - t0:.0f} s) {r.stderr.strip()[-300:]}", flush=True)
 
 
 def table(a) -> None:
-    times = {**_load(os.path.join(a.work, "times.json")), **_load(os.path.join(a.work, "llmc_times.json"))}
+    times = {**_load(os.path.join(a.work, "times.json")), **_load(os.path.join(a.work, "llmc_times.json")),
+             **_load(os.path.join(a.work, "modelopt_times.json"))}
     rows = []
     for js in sorted(glob.glob(os.path.join(a.work, "outputs", "*.eval.json"))):
         name = os.path.basename(js)[: -len(".eval.json")]
         r = json.load(open(js))
         rows.append((name, r))
-    print("| output | perplexity | source | increase | KL | top-1 | nll vs source +- 2 se | convert s |")
-    print("|---|---|---|---|---|---|---|---|")
+    ppl = {name: (r.get("metrics") or r)["perplexity"] for name, r in rows}
+    print("| output | perplexity | source | vs rtn | rtn gap closed | KL | top-1 | nll vs source +- 2 se | convert s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         m = r.get("metrics") or r
         t = times.get(name, {})
         se2 = 2 * m["nll_delta_se"] if m.get("nll_delta_se") is not None else None
-        print(f"| {name} | {_g(m, 'perplexity')} | {_g(m, 'source_perplexity')} | {_g(m, 'perplexity_increase_pct')}% | "
+        algo = name.split("-")[1]
+        rtn = ppl.get(f"ours-{algo}-rtn")
+        vs = f"{100 * (m['perplexity'] / rtn - 1):+.1f}%" if rtn else ""
+        closed = f"{100 * (rtn - m['perplexity']) / (rtn - m['source_perplexity']):.0f}%" if rtn else ""
+        print(f"| {name} | {_g(m, 'perplexity')} | {_g(m, 'source_perplexity')} | {vs} | {closed} | "
               f"{_g(m, 'kl_mean')} | {_g(m, 'top1_agreement')} | {_g(m, 'nll_delta')} +- {_g({'x': se2}, 'x')} | "
               f"{t.get('seconds', '')} |")
 
@@ -117,6 +147,10 @@ def main() -> None:
     p.add_argument("step", choices=["data", "ours", "eval", "table"])
     p.add_argument("--model", default="/root/smol-model")
     p.add_argument("--work", default="/tmp/gq-smol")
+    p.add_argument("--device", default="cpu", help="ours / eval: cpu or cuda")
+    p.add_argument("--calib-data", default="default", help="data: the text calib.jsonl is made of")
+    p.add_argument("--damp", type=float, help="ours: GPTQ damping (bench-only monkeypatch; package default 0.01)")
+    p.add_argument("--awq-grid", type=int, help="ours: AWQ grid points (bench-only monkeypatch; package default 20)")
     p.add_argument("--calib-samples", type=int, default=16)
     p.add_argument("--calib-seq-len", type=int, default=256)
     p.add_argument("--samples", type=int, default=16)
