@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,33 +49,19 @@ os._exit(0)
 
 
 def main() -> None:
-    from e2e import make_checkpoint
+    from e2e import synthetic_args, synthetic_input
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/tmp/quantize-e2e")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--samples", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=512)
+    synthetic_args(p, "/tmp/quantize-e2e", 128)
     p.add_argument("--budget", default="4GB")
     p.add_argument("--offload", action="store_true", help="hidden states in pinned host memory between blocks")
     p.add_argument("--json")
     a = p.parse_args()
-    src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
-    make_checkpoint(src, a.layers, a.vocab, a.device)
-    data = os.path.join(a.work, f"calib-{a.samples}x{a.seq_len}.jsonl")
-    rng = random.Random(0)
-    with open(data, "w") as f:
-        for _ in range(a.samples):
-            f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
+    src, data = synthetic_input(a, "calib", 0)
     layer_bytes = 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096)
-    out = proc.run([sys.executable, "-c", _CHILD, src, data, os.path.join(a.work, "scales.json"), a.device,
-                    str(a.samples), str(a.seq_len), a.budget, "1" if a.offload else "0"], capture_output=True, text=True, cwd=ROOT)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"calibration failed:\n{out.stderr[-3000:]}")
-    res = {**json.loads(line[7:]), "layers": a.layers, "samples": a.samples, "seq_len": a.seq_len,
+    child = proc.result([sys.executable, "-c", _CHILD, src, data, os.path.join(a.work, "scales.json"), a.device,
+                         str(a.samples), str(a.seq_len), a.budget, "1" if a.offload else "0"], "calibration", cwd=ROOT)
+    res = {**child, "layers": a.layers, "samples": a.samples, "seq_len": a.seq_len,
            "one_layer_GB": layer_bytes / 1e9, "hidden_states_GB": a.samples * a.seq_len * 4096 * 2 / 1e9,
            "checkpoint_GB": sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src)) / 1e9}
     print(json.dumps(res))

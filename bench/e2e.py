@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import time
@@ -136,6 +137,30 @@ def make_checkpoint(src: str, layers: int, vocab: int, device: str, moe: bool = 
                    moe_intermediate_size=i, num_experts=128, num_experts_per_tok=8, intermediate_size=6144)
     with open(os.path.join(src, "config.json"), "w") as f:
         json.dump(cfg, f)
+
+
+def synthetic_args(p: argparse.ArgumentParser, work: str, samples: int) -> None:
+    """The options of the scripts that run on :func:`make_checkpoint`'s input with random token ids
+    (calibrate.py, eval_speed.py, gptq_gpu.py)."""
+    p.add_argument("--work", default=work)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--samples", type=int, default=samples)
+    p.add_argument("--seq-len", type=int, default=512)
+
+
+def synthetic_input(a, name: str, seed: int) -> tuple[str, str]:
+    """(the checkpoint of `a`'s layers and vocabulary, made once; a jsonl of `a.samples` x `a.seq_len`
+    random token ids from `seed`, ``WORK/NAME-SxL.jsonl``)."""
+    src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
+    make_checkpoint(src, a.layers, a.vocab, a.device)
+    data = os.path.join(a.work, f"{name}-{a.samples}x{a.seq_len}.jsonl")
+    rng = random.Random(seed)
+    with open(data, "w") as f:
+        for _ in range(a.samples):
+            f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
+    return src, data
 
 
 class Bench:

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 _CHILD = r"""
 import json, os, sys, time
@@ -53,15 +52,10 @@ os._exit(0)
 
 
 def main() -> None:
-    from e2e import make_checkpoint
+    from e2e import synthetic_args, synthetic_input
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/tmp/quantize-eval-speed")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--samples", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=512)
+    synthetic_args(p, "/tmp/quantize-eval-speed", 64)
     p.add_argument("--algos", default="FP8,NVFP4")
     p.add_argument("--weights-only", action="store_true")
     p.add_argument("--json")
@@ -69,25 +63,15 @@ def main() -> None:
     sys.path.insert(0, ROOT)
     from quantize_cli import api
 
-    src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
-    make_checkpoint(src, a.layers, a.vocab, a.device)
-    data = os.path.join(a.work, f"eval-{a.samples}x{a.seq_len}.jsonl")
-    rng = random.Random(1)
-    with open(data, "w") as f:
-        for _ in range(a.samples):
-            f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
+    src, data = synthetic_input(a, "eval", 1)
     results = []
     for algo in a.algos.split(","):
         dst = os.path.join(a.work, f"{algo}-l{a.layers}")
         if not os.path.isdir(dst):
             api.convert(api.ConvertOptions(src, dst, algo=algo, device=a.device, quiet=True))
-        out = subprocess.run([sys.executable, "-c", _CHILD, src, dst, data, a.device, str(a.samples), str(a.seq_len),
-                              "1" if a.weights_only else "0"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=3600)  # issue 25: every bench command ends
-        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"{algo}: eval failed:\n{out.stderr[-3000:]}")
-        results.append({"algo": algo, "layers": a.layers, "samples": a.samples, "seq_len": a.seq_len, **json.loads(line[7:])})
+        child = proc.result([sys.executable, "-c", _CHILD, src, dst, data, a.device, str(a.samples), str(a.seq_len),
+                             "1" if a.weights_only else "0"], f"{algo}: eval", cwd=ROOT)
+        results.append({"algo": algo, "layers": a.layers, "samples": a.samples, "seq_len": a.seq_len, **child})
         print(json.dumps(results[-1]), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -36,17 +35,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gptq_smol import VARIANTS  # noqa: E402  (name -> convert keywords, plus calib_data: one list for both benches)
 
 WINDOW = 512
-VARIANTS = {  # name -> convert keywords (plus calib_data)
-    "rtn": {},
-    "mse": {"scale_search": "mse"},
-    "gptq": {"rounding": "gptq"},
-    "gptq-mse": {"rounding": "gptq", "scale_search": "mse"},
-    "awq": {"smooth": "awq"},
-    "awq-gptq": {"smooth": "awq", "rounding": "gptq"},
-    "sq-gptq": {"smooth": "smoothquant", "rounding": "gptq"},
-}
 
 
 def data(a) -> None:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import proc  # noqa: E402  (bench/proc.py: every command with a timeout)
 
 _OURS = r"""
 import json, sys, time
@@ -84,24 +83,11 @@ os._exit(0)
 """
 
 
-def _run(cmd: list[str], cwd: str) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=3600)  # a 16-layer GPTQ takes minutes
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{cmd[0]} failed:\n{out.stderr[-4000:]}")
-    return json.loads(line[7:])
-
-
 def main() -> None:
-    from e2e import make_checkpoint
+    from e2e import synthetic_args, synthetic_input
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/tmp/quantize-e2e")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--samples", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=512)
+    synthetic_args(p, "/tmp/quantize-e2e", 128)
     p.add_argument("--algo", default="W4A16_NVFP4")
     p.add_argument("--rounding", default="gptq")
     p.add_argument("--smooth", default="none")
@@ -112,13 +98,7 @@ def main() -> None:
     p.add_argument("--only", choices=["ours", "llmc"], help="run one side (two device calls on one warm machine)")
     p.add_argument("--json")
     a = p.parse_args()
-    src = os.path.join(a.work, f"src-l{a.layers}-v{a.vocab}")
-    make_checkpoint(src, a.layers, a.vocab, a.device)
-    data = os.path.join(a.work, f"calib-{a.samples}x{a.seq_len}.jsonl")
-    rng = random.Random(0)
-    with open(data, "w") as f:
-        for _ in range(a.samples):
-            f.write(json.dumps({"input_ids": [rng.randrange(a.vocab) for _ in range(a.seq_len)]}) + "\n")
+    src, data = synthetic_input(a, "calib", 0)
     common = {"layers": a.layers, "samples": a.samples, "seq_len": a.seq_len, "algo": a.algo,
               "one_layer_GB": 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096) / 1e9,
               "one_layer_hessians_GB": 4 * (3 * 4096 * 4096 + 14336 * 14336) / 1e9,
@@ -126,13 +106,13 @@ def main() -> None:
     results = []
     dst = a.dst or os.path.join(a.work, f"gptq-{a.algo}-{a.smooth}")
     if a.only != "llmc":
-        results.append({**_run([sys.executable, "-c", _OURS, src, data, dst, a.device, a.algo, a.rounding, a.smooth,
-                                str(a.samples), str(a.seq_len), a.loop], ROOT), **common})
+        results.append({**proc.result([sys.executable, "-c", _OURS, src, data, dst, a.device, a.algo, a.rounding, a.smooth,
+                                str(a.samples), str(a.seq_len), a.loop], "ours", cwd=ROOT), **common})
         print(json.dumps(results[-1]), flush=True)
     if a.llmc_python and a.only != "ours":
         scheme = {"W4A16_NVFP4": "NVFP4A16", "NVFP4": "NVFP4", "INT4": "W4A16"}[a.algo]
-        results.append({**_run([a.llmc_python, "-c", _LLMC, src, data, os.path.join(a.work, f"llmc-gptq-{a.algo}"), scheme,
-                                str(a.samples), str(a.seq_len)], "/tmp"), **common})
+        results.append({**proc.result([a.llmc_python, "-c", _LLMC, src, data, os.path.join(a.work, f"llmc-gptq-{a.algo}"), scheme,
+                                str(a.samples), str(a.seq_len)], "llm-compressor", cwd="/tmp"), **common})
         print(json.dumps(results[-1]), flush=True)
     if a.json:
         with open(a.json, "w") as f:

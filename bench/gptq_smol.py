@@ -40,6 +40,7 @@ VARIANTS = {  # name -> convert keywords (every variant gets --calib-data calib.
     "gptq-mse": {"rounding": "gptq", "scale_search": "mse"},
     "awq-mse": {"smooth": "awq", "scale_search": "mse"},
     "awq-gptq-mse": {"smooth": "awq", "rounding": "gptq", "scale_search": "mse"},
+    "sq-gptq": {"smooth": "smoothquant", "rounding": "gptq"},
 }
 
 

@@ -58,4 +58,18 @@ def stop(p: subprocess.Popen, timeout: float = 60) -> None:
         p.wait()
 
 
-__all__ = ["run", "start", "stop", "TIMEOUT_S"]
+__all__ = ["run", "start", "stop", "result", "TIMEOUT_S"]
+
+
+def result(cmd, what: str, timeout: float = TIMEOUT_S, **kw) -> dict:
+    """Run a child that prints one ``RESULT {json}`` line; its dict, or exit naming `what` with the
+    end of its stderr."""
+    import json
+    import sys
+
+    out = run(cmd, timeout=timeout, capture_output=True, text=True, **kw)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{what} failed:\n{out.stderr[-4000:]}")
+    return json.loads(line[len("RESULT "):])
+

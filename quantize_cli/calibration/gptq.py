@@ -110,7 +110,7 @@ def _round_with(grids: list[Grid]):
                 g.codes.copy_(codes[start : start + g.codes.shape[0]])
                 start += g.codes.shape[0]
 
-    return round_col, finish, scale, codes
+    return round_col, finish, scale, codes, zero
 
 
 def use_kernel(device: torch.device, grids: list[Grid], block: int) -> bool:
@@ -136,10 +136,10 @@ def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOC
     perm, dead = _order(h, act_order)
     W = w.float()[:, perm]  # a new tensor: the loop below changes it in place
     U, used = _inverse_factor(_permuted(h, perm, dead), damp)  # no reference kept here: freed once factored
-    round_col, finish, scale, codes = _round_with(grids)
+    round_col, finish, scale, codes, zero = _round_with(grids)
     Q = torch.zeros_like(W)
-    if kernel if kernel is not None else use_kernel(W.device, grids, block):
-        _blocks_in_kernel(W, U, Q, codes, scale, perm, grids, block)
+    if use_kernel(W.device, grids, block) if kernel is None else kernel:
+        _blocks_in_kernel(W, U, Q, codes, scale, zero, perm, grids[0], block)
     else:
         _blocks_in_torch(W, U, Q, round_col, perm.tolist(), block)  # one host copy of the order: no sync per column
     finish()
@@ -166,13 +166,11 @@ def _blocks_in_torch(W, U, Q, round_col, order: list[int], block: int) -> None:
         W[:, b1:] -= E1 @ U[b0:b1, b1:]
 
 
-def _blocks_in_kernel(W, U, Q, codes, scale, perm, grids: list[Grid], block: int) -> None:
+def _blocks_in_kernel(W, U, Q, codes, scale, zero, perm, family: Grid, block: int) -> None:
     """The same loop with each block's columns in one Triton launch (equal bits)."""
     from ..kernels.gptq_block import gptq_block
 
-    family = grids[0]
-    zero = None if family.zero is None else (torch.cat([g.zero for g in grids]) if len(grids) > 1 else family.zero)
-    scale = scale.float().contiguous()
+    scale = scale.float().contiguous()  # the kernel addresses dense [N, K] rows (no copy when it already is)
     zero = None if zero is None else zero.float().contiguous()
     lo, hi = family.code_range
     k = W.shape[1]

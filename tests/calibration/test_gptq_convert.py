@@ -36,13 +36,20 @@ def _outlier_llama(folder: str) -> str:
     return builders.save(model, folder)
 
 
+def calib_jsonl(path, samples=SAMPLES) -> str:
+    """`samples` (token id lists) as a calibration .jsonl at `path`."""
+    path.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in samples))
+    return str(path)
+
+
+def outlier_llama_and_data(folder) -> tuple[str, str]:
+    """(the outlier Llama, its calibration .jsonl) in `folder`: the module fixtures of the GPTQ tests."""
+    return _outlier_llama(str(folder / "src")), calib_jsonl(folder / "calib.jsonl")
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gptq")
-    src = _outlier_llama(str(folder / "src"))
-    data = folder / "calib.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in SAMPLES))
-    return src, str(data)
+    return outlier_llama_and_data(tmp_path_factory.mktemp("gptq"))
 
 
 def tensors(folder) -> dict[str, bytes]:
@@ -229,10 +236,9 @@ def test_gptq_moe_experts_take_their_routed_tokens(tmp_path):
     """Fused transformers experts: each expert's gate/up/down is solved on its routed tokens and written
     back into the 3-D parameters for the next layer; experts without tokens keep round to nearest."""
     src = builders.qwen3_moe(str(tmp_path / "src"))
-    data = tmp_path / "c.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in SAMPLES))
+    data = calib_jsonl(tmp_path / "c.jsonl")
     rtn = load_all(convert(src, tmp_path / "rtn", algo="W4A16_NVFP4").dst)
-    _convert(src, tmp_path / "out", "W4A16_NVFP4", str(data), rounding="gptq", verify=True)
+    _convert(src, tmp_path / "out", "W4A16_NVFP4", data, rounding="gptq", verify=True)
     out = load_all(tmp_path / "out")
     conv = json.load(open(tmp_path / "out" / "hf_quant_config.json"))["converter"]["weights"]
     assert conv["modules"] == 2 * (4 + 8 * 3)
@@ -261,8 +267,7 @@ def test_smooth_on_a_model_without_its_pairs_says_so(tmp_path):
     """BERT (post-norm, GELU between the MLP's Linears) has none of the pairs --smooth folds into:
     the run warns instead of silently writing round-to-nearest."""
     src = builders.bert(str(tmp_path / "bert"))
-    data = tmp_path / "calib.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": s[:32]}) + "\n" for s in SAMPLES))
+    data = calib_jsonl(tmp_path / "calib.jsonl")
     r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "out"), "--algo", "W4A16_NVFP4", "--device", "cpu",
                                   "--calib-data", str(data), "--smooth", "awq"])
     assert r.exit_code == 0, r.output

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from quantize_cli.cli import main
 from quantize_cli.errors import DestinationError
 from tests.calibration import builders
-from tests.calibration.test_gptq_convert import SAMPLES, _convert, _outlier_llama, convert, tensors
+from tests.calibration.test_gptq_convert import _convert, calib_jsonl, convert, outlier_llama_and_data, tensors
 from tests.conftest import load_all
 from tests.test_resume import interrupt_after
 
@@ -31,19 +31,12 @@ def wide(tmp_path_factory):
     with torch.no_grad():
         for layer in model.model.layers:
             layer.input_layernorm.weight[[3, 17]] *= 30  # outlier channels, as real LLMs have
-    src = builders.save(model, str(folder / "src"))
-    data = folder / "calib.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in SAMPLES))
-    return src, str(data)
+    return builders.save(model, str(folder / "src")), calib_jsonl(folder / "calib.jsonl")
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gptq-pairs")
-    src = _outlier_llama(str(folder / "src"))
-    data = folder / "calib.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in SAMPLES))
-    return src, str(data)
+    return outlier_llama_and_data(tmp_path_factory.mktemp("gptq-pairs"))
 
 
 def _payloads(folder) -> dict:
