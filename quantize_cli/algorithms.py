@@ -13,7 +13,9 @@ and numbers from here instead of keeping copies.
     MXFP8                        MXFP8                     1 x 32 (e8m0 scales)
     INT4, INT4_ASYM              W4A16_AWQ                 1 x 128 (int4; ASYM: compressed-tensors only)
 
-Several algorithms in one checkpoint (``--algo-for``) are written as ``MIXED_PRECISION``.
+Several algorithms in one checkpoint (``--algo-for``) are written as ``MIXED_PRECISION``. ModelOpt's
+own AWQ exports name NVFP4 tensors ``NVFP4_AWQ`` (``Algorithm.awq_quant_algo``: read by eval,
+never written).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Algorithm:
             vLLM keeps one such scale per fused layer.
         group_size: the quantization group written in the configs, else None.
         tag: the model-card tag; describe: one line for people (the card, ``--help``).
+        awq_quant_algo: the quant_algo ModelOpt 0.47 writes for the same tensors after its AWQ
+            (``NVFP4_AWQ``: export/quant_utils.py ``process_layer_quant_config``), plus a
+            ``pre_quant_scale`` per Linear where it could not fold it into a norm or Linear; None:
+            no other name (INT4's ``W4A16_AWQ`` is both). Read only (``quantize eval``).
     """
 
     name: str
@@ -61,6 +67,7 @@ class Algorithm:
     activation_bound: float | None = None
     shares_global_amax: bool = False
     group_size: int | None = None
+    awq_quant_algo: str | None = None
 
     @property
     def static(self) -> bool:
@@ -77,9 +84,11 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations", "fp8"),
     Algorithm("NVFP4", "NVFP4", "static", "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); "
               "static global + dynamic group FP4 activations", "nvfp4", activation_bound=E4M3_MAX * E2M1_MAX,
-              shares_global_amax=True, group_size=NVFP4_GROUP),
+              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ"),
+    # W4A16_NVFP4_CFG with awq_lite is NVFP4_AWQ too: get_quantization_format tests for a
+    # pre_quant_scale before it tests for a disabled input quantizer (it writes no input_scale)
     Algorithm("W4A16_NVFP4", "W4A16_NVFP4", "none", "NVFP4 weights (E2M1, 16-element groups); 16-bit activations", "nvfp4",
-              shares_global_amax=True, group_size=NVFP4_GROUP),
+              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ"),
     Algorithm("INT8", "W8A16", "none", "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations "
               "(compressed-tensors W8A8: dynamic per-token int8)", "int8"),
     Algorithm("MXFP8", "MXFP8", "dynamic", "MXFP8 e4m3 weights with one power-of-two (e8m0) scale per 32 along K; "
@@ -121,6 +130,15 @@ def algo_of_quant_algo(quant_algo: str) -> str | None:
     """The algorithm whose checkpoints carry `quant_algo` (case-insensitive), or None."""
     wanted = str(quant_algo).upper()
     return next((a for a, q in QUANT_ALGO.items() if q.upper() == wanted), None)
+
+
+def algo_of_awq_quant_algo(quant_algo: str, static: bool) -> str | None:
+    """The algorithm of a Linear that ModelOpt's AWQ export labels `quant_algo` (``NVFP4_AWQ``,
+    case-insensitive), or None: the one with static activations when the Linear has an input scale
+    (`static`; ``NVFP4_AWQ_LITE_CFG``), else the weight-only one (``W4A16_NVFP4_CFG`` + awq_lite)."""
+    wanted = str(quant_algo).upper()
+    found = [a for a in ALGORITHMS.values() if (a.awq_quant_algo or "").upper() == wanted]
+    return next((a.name for a in found if a.static == static), None)
 
 
 # --- Module names -----------------------------------------------------------------------------

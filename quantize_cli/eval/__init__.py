@@ -194,6 +194,10 @@ def _warnings(result: EvalResult, served, src) -> list[str]:
         if algo in algos and not result.run.get("weights_only"):
             out.append(f"{algo}: activations are quantized as vLLM's native {what} kernels do (Blackwell); on Hopper vLLM "
                        f"serves {algo} weight-only (Marlin): rerun with --weights-only for that figure")
+    pqs = sum(s.pre_quant_scale for s in served.linears.values())
+    if pqs:  # said once: the one place eval follows TensorRT-LLM, not vLLM
+        out.append(f"pre_quant_scale (ModelOpt AWQ) applied on {pqs} Linear(s): linear(act(x * pre_quant_scale), W), as "
+                   "TensorRT-LLM computes it; vLLM 0.33 reads no pre_quant_scale (nor quant_algo NVFP4_AWQ / W4A16_AWQ)")
     if src is None and result.kind == "causal-lm":
         out.append("no --source: perplexity only (give --source SRC for the comparison, per-layer error and gates)")
     return out

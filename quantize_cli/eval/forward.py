@@ -52,7 +52,10 @@ class ServedLoader(SourceLoader):
 
     def linear(self, name: str):
         spec = self.served.linears.get(name)
-        return (self.served.weight(name, self.device), spec.act) if spec is not None else None
+        if spec is None:
+            return None
+        w = self.served.weight(name, self.device)
+        return w, spec.act, self.served.pre_quant_scale(name, w.shape[1], self.device)
 
     def quantized(self, name: str) -> bool:
         return name in self.served.linears

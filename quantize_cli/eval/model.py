@@ -6,7 +6,8 @@ causal LM, else the base model: encoders) from config.json without its ``quantiz
 with transformers' own attention (SDPA) and MoE expert loop registered under our name, so that
 FP8 KV caches and per-expert activation quantization can be applied (:data:`STATE`).
 :func:`fill` gives one module real storage and its tensors; a quantized Linear gets the served
-fp32 weight and a forward that quantizes its input as the engine does (:mod:`.activations`).
+fp32 weight and a forward that quantizes its input as the engine does (:mod:`.activations`),
+after multiplying it by the Linear's ``pre_quant_scale`` where ModelOpt's AWQ left one.
 """
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ def build(root: str, config: dict, tensors: dict, dtype: torch.dtype = torch.flo
 
 class Loader:
     """Where a model's tensors come from: `tensor(name)` a checkpoint tensor or None;
-    `linear(name)` the served ``(fp32 weight, activation rule)`` of a quantized Linear, or None."""
+    `linear(name)` the served ``(fp32 weight [N, K], activation rule, pre_quant_scale [K] or None)``
+    of a quantized Linear, or None."""
 
     def tensor(self, name: str) -> torch.Tensor | None:
         raise NotImplementedError
 
-    def linear(self, name: str) -> tuple[torch.Tensor, ActRule] | None:
+    def linear(self, name: str) -> tuple[torch.Tensor, ActRule, torch.Tensor | None] | None:
         return None
 
     def quantized(self, name: str) -> bool:
@@ -134,7 +136,7 @@ def fill(sk: Skeleton, module: torch.nn.Module, path: str, loader: Loader, devic
             if value is not None:
                 _copy(b, value, f"{ck}.{leaf}")
         if served is not None:
-            _serve_linear(sub, served[1])
+            _serve_linear(sub, served[1], served[2])
     if retie:
         sk.model.tie_weights()
 
@@ -160,11 +162,14 @@ def _copy(dst: torch.Tensor, value: torch.Tensor, name: str) -> None:
         dst.copy_(value.to(device=dst.device, dtype=dst.dtype))
 
 
-def _serve_linear(lin: torch.nn.Linear, rule: ActRule) -> None:
-    """The Linear's forward as served: its input quantized by `rule`, fp32 GEMM with the served weight."""
+def _serve_linear(lin: torch.nn.Linear, rule: ActRule, pre_quant_scale: torch.Tensor | None = None) -> None:
+    """The Linear's forward as served: its input times `pre_quant_scale` [K] when given (TensorRT-LLM
+    scales before it quantizes, as ModelOpt's AWQ calibrated), quantized by `rule`, fp32 GEMM with
+    the served weight."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(quantize_activation(rule, x), lin.weight.float(),
+        xs = x if pre_quant_scale is None else x.float() * pre_quant_scale
+        y = torch.nn.functional.linear(quantize_activation(rule, xs), lin.weight.float(),
                                        None if lin.bias is None else lin.bias.float())
         return y.to(x.dtype)
 
@@ -192,6 +197,9 @@ def _fill_experts(sk: Skeleton, mod, container: str, loader: Loader) -> None:
             for r in roles:
                 name = f"{container}.{e}.{sk.roles[r]}"
                 served = loader.linear(name)
+                if served is not None and served[2] is not None:  # one GEMM per side: no per-expert input scale
+                    raise SourceError(f"{name}.pre_quant_scale: eval does not apply a MoE expert's pre_quant_scale "
+                                      "(ModelOpt AWQ) yet")
                 w = served[0] if served is not None else loader.tensor(f"{name}.weight")
                 if w is None:
                     raise SourceError(f"{name}.weight: needed for {container}.{leaf} but the checkpoint has no such tensor")

@@ -25,6 +25,11 @@ layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and over a MoE layer:
 
 The dequantization itself is each scheme's ``dequantize`` (ModelOpt: ``schemes/``,
 compressed-tensors: ``formats/ct_schemes.py``), which is the engine's ``q * scale`` in fp32.
+
+ModelOpt's AWQ exports (``NVFP4_AWQ``, ``W4A16_AWQ`` after ``INT4_AWQ_CFG``) are read as the
+algorithm of their tensors (``Algorithm.awq_quant_algo``); a Linear's ``pre_quant_scale`` [K] (AWQ's
+smoothing where the exporter could not fold it into the preceding norm or Linear) is applied as
+TensorRT-LLM does, ``linear(act(x * pre_quant_scale), W)``: vLLM 0.33 reads no pre_quant_scale.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..algorithms import MIXED_PRECISION, algo_of_quant_algo, canonical_algo
+from ..algorithms import MIXED_PRECISION, algo_of_awq_quant_algo, algo_of_quant_algo, canonical_algo
 from ..errors import SourceError
 from .activations import NONE, ActRule
 
@@ -54,13 +59,14 @@ class ServedLinear:
     `unit`: the modules whose per-tensor weight scales vLLM merges with this one (the fused
     layer's members; an expert's gate and up), itself alone otherwise. `act_group`: the modules
     whose static input scales are merged (the fused layer; every expert of the MoE layer on the
-    same side, w13 or w2)."""
+    same side, w13 or w2). `pre_quant_scale`: the checkpoint has one for this Linear (ModelOpt AWQ)."""
 
     name: str
     algo: str
     act: ActRule
     unit: tuple[str, ...]
     act_group: tuple[str, ...]
+    pre_quant_scale: bool = False
 
 
 @dataclass
@@ -101,6 +107,19 @@ class Served:
         if spec.algo == "FP8" and len(spec.unit) > 1:
             w = self._requantize_to_max(spec, q, w)
         return w.float()
+
+    def pre_quant_scale(self, name: str, k: int, device=None) -> torch.Tensor | None:
+        """fp32 ``[K]`` (`k`): what TensorRT-LLM multiplies Linear `name`'s input by before quantizing
+        it and the GEMM (ModelOpt AWQ; the weight was quantized as ``W / pre_quant_scale``), or None."""
+        from ..checkpoint.safetensors_io import read_tensor
+
+        if not self.linears[name].pre_quant_scale:
+            return None
+        p = read_tensor(self.tensors[f"{name}.pre_quant_scale"])
+        if p.numel() != k:
+            raise SourceError(f"{name}.pre_quant_scale: shape {list(p.shape)} but the Linear's input has {k} channels; "
+                              "re-export it")
+        return p.to(device).float().reshape(k)
 
     def kv_scales(self, attn: str) -> tuple[float, float, float] | None:
         """(q, k, v) scales of attention module `attn` when the KV cache is FP8, else None.
@@ -235,7 +254,8 @@ def open_served(path: str, weights_only: bool = False) -> Served:
     units, groups = _merge_groups(list(algos), recipe)
     for mod, algo in algos.items():
         rule = NONE if weights_only else _act_rule(served, algo, fmt, groups[mod])
-        served.linears[mod] = ServedLinear(mod, algo, rule, units[mod], groups[mod])
+        served.linears[mod] = ServedLinear(mod, algo, rule, units[mod], groups[mod],
+                                           f"{mod}.pre_quant_scale" in source.tensors)
     return served
 
 
@@ -255,22 +275,23 @@ def _modelopt_config(source):
         raise SourceError(exc.message) from None
     q = nested.get("quantization") or {}
     quant_algo = str(q.get("quant_algo"))
+    static = lambda m: f"{m}.input_scale" in source.tensors  # noqa: E731 - NVFP4_AWQ: W4A4 or W4A16
     if quant_algo == MIXED_PRECISION:
-        layers = {m: _algo((cfg or {}).get("quant_algo", "")) for m, cfg in (q.get("quantized_layers") or {}).items()}
-        algo_of = layers.get
+        layers = {m: str((cfg or {}).get("quant_algo", "")) for m, cfg in (q.get("quantized_layers") or {}).items()}
+        algo_of = lambda m: _algo(layers[m], static(m)) if m in layers else None  # noqa: E731
     else:
-        algo = _algo(quant_algo)
-        if algo is None:
+        if _algo(quant_algo) is None:
             raise SourceError(f"{source.root}/hf_quant_config.json: quant_algo {quant_algo!r} is not one this tool evaluates")
-        algo_of = lambda _m: algo  # noqa: E731
+        algo_of = lambda m: _algo(quant_algo, static(m))  # noqa: E731
     layout = ((nested.get("converter") or {}).get("layout") or {}).get("name")
     return algo_of, quant_algo, str(q.get("kv_cache_quant_algo") or "").upper() == "FP8", _recipe(nested, source), layout
 
 
-def _algo(quant_algo: str) -> str | None:
-    """ModelOpt's quant_algo -> our algorithm: its own name, or the ModelOpt name it is written as
-    (``W4A16_AWQ`` -> INT4: ModelOpt never writes INT4_ASYM)."""
-    return canonical_algo(quant_algo) or algo_of_quant_algo(quant_algo)
+def _algo(quant_algo: str, static: bool = True) -> str | None:
+    """ModelOpt's quant_algo -> our algorithm: its own name, the ModelOpt name it is written as
+    (``W4A16_AWQ`` -> INT4: ModelOpt never writes INT4_ASYM), or the name ModelOpt's AWQ export gives
+    it (``NVFP4_AWQ`` -> NVFP4, W4A16_NVFP4 for a Linear without an input scale: `static` False)."""
+    return canonical_algo(quant_algo) or algo_of_quant_algo(quant_algo) or algo_of_awq_quant_algo(quant_algo, static)
 
 
 def _ct_config(source):
