@@ -18,7 +18,7 @@ checkpoint: ``export_hf_checkpoint`` targets decoders) on ``search_accuracy.SENT
 ``lm_head`` stays unquantized (ModelOpt's default configs disable it). Calibration: every sample of
 ``calib.jsonl``, one forward each, on the device given. ModelOpt 0.47's NVFP4 fake quantization is CUDA-only
 (``tensor_quant._dynamic_block_quantize_impl``: "amax must be a CUDA tensor for dynamic block
-quantization"), so every NVFP4 config needs ``--device cuda``: ``bench/modelopt_gpu.sh`` runs it.
+quantization"), so every NVFP4 config needs ``--device cuda``: ``bench/gptq_smol_gpu.sh`` runs it.
 """
 
 from __future__ import annotations

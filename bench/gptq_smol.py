@@ -99,15 +99,22 @@ def ours(a) -> None:
 
 
 def evaluate(a) -> None:
-    for dst in sorted(glob.glob(os.path.join(a.work, "outputs", "*"))):
-        js = dst + ".eval.json"
-        if not os.path.isdir(dst) or os.path.basename(dst).startswith(".") or os.path.exists(js):
-            continue
+    """``quantize eval`` of every output not yet measured, ``--jobs`` at a time (one process each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = [d for d in sorted(glob.glob(os.path.join(a.work, "outputs", "*")))
+            if os.path.isdir(d) and not os.path.basename(d).startswith(".") and not os.path.exists(d + ".eval.json")]
+
+    def one(dst):
         cmd = [sys.executable, "-m", "quantize_cli.cli", "eval", dst, "--source", a.model, "--data", "default",
-               "--samples", str(a.samples), "--seq-len", str(a.seq_len), "--device", a.device, "--quiet", "--json", js]
+               "--samples", str(a.samples), "--seq-len", str(a.seq_len), "--device", a.device, "--quiet",
+               "--json", dst + ".eval.json"]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         print(f"{os.path.basename(dst)}: rc {r.returncode} ({time.perf_counter() - t0:.0f} s) {r.stderr.strip()[-300:]}", flush=True)
+
+    with ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(one, todo))
 
 
 def table(a) -> None:
@@ -156,6 +163,7 @@ def main() -> None:
     p.add_argument("--calib-seq-len", type=int, default=256)
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--jobs", type=int, default=1, help="eval: outputs measured at a time")
     p.add_argument("--algos", nargs="+", default=["W4A16_NVFP4", "INT4", "NVFP4"])
     p.add_argument("--variants", nargs="+", default=["rtn", "gptq", "awq"])
     a = p.parse_args()

@@ -317,8 +317,11 @@ class Fold:
         self.norms: dict[str, dict[str, torch.Tensor]] = {}
 
     def add(self, m: Mapping, s: torch.Tensor) -> torch.Tensor:
-        """Fold scales `s` (prev's output channels) of mapping `m`; returns the balance inputs' scales."""
-        s = s.float()
+        """Fold scales `s` (prev's output channels) of mapping `m`; returns the balance inputs' scales (CPU).
+
+        On the CPU whatever device searched `s`: the source tensors it scales are read there, and
+        these elementwise IEEE operations give the same bits on every device."""
+        s = s.float().cpu()
         prev = f"{self.prefix}.{m.prev}"
         if isinstance(_get(self.block, m.prev), torch.nn.Linear):
             self.row[prev] = self.row.get(prev, 1.0) * s

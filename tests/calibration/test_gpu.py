@@ -11,6 +11,7 @@ from quantize_cli.modules.recipe import load_recipe
 from tests.calibration import builders
 from tests.calibration.test_streamed import SAMPLES, _jsonl
 
+DEVICE = "cuda"
 pytestmark = pytest.mark.gpu
 
 
@@ -59,3 +60,28 @@ def test_gpu_offloaded_hidden_states_identical(tmp_path, build):
     moved = calibrate(*args, samples=8, seq_len=64, device=torch.device("cuda"), offload=True)
     assert kept.run["activations_on"] == "device" and moved.run["activations_on"] == "host"
     assert moved.modules == kept.modules and moved.kv == kept.kv
+
+
+@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+def test_gpu_smooth_folds_on_the_device(tmp_path, method):
+    """`--smooth` searched on the GPU folds into the source tensors read on the CPU (it failed with
+    "Expected all tensors to be on the same device" before Fold moved the scales to the CPU)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import glob
+
+    from safetensors import safe_open
+
+    from quantize_cli import api
+    from quantize_cli.checkpoint.safetensors_io import read_tensor
+    from quantize_cli.plan.options import ConvertOptions
+
+    folder = builders.llama(str(tmp_path / "src"))
+    dst = str(tmp_path / "dst")
+    api.convert(ConvertOptions(folder, dst, algo="W4A16_NVFP4", device=DEVICE, quiet=True,
+                               calib_data=_jsonl(tmp_path / "c.jsonl"), smooth=method))
+    name = "model.layers.0.input_layernorm.weight"  # the folded norm: changed by the chosen scales
+    before = read_tensor(open_source(folder).tensors[name])
+    after = [h.get_tensor(name) for h in map(lambda f: safe_open(f, "pt"), glob.glob(f"{dst}/*.safetensors"))
+             if name in h.keys()][0]
+    assert before.shape == after.shape and not torch.equal(before, after)
