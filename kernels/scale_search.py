@@ -1,4 +1,7 @@
-"""Searched-scale kernels (``--scale-search mse``): rows, 128x128 blocks and NVFP4 16-groups.
+"""Searched-scale kernels (``--scale-search mse``): rows, 128x128 blocks, NVFP4 16-groups and INT4
+128-groups (ModelOpt W4A16_AWQ: the row kernel on the ``[N*K/128, 128]`` view, codes clamped to
+[-8, 7], each group weighted by its own 128 channels; compressed-tensors' INT4 math runs as its
+torch reference only, as all of that format's math does).
 
 Equal bit for bit to ``quantize_cli.schemes.search`` (read its docstring first): per group, every
 candidate scale is tried in the reference's order, its error is computed exactly as there
@@ -13,7 +16,7 @@ exact in fp64 and the sum is over integers, so neither fused multiply-adds nor t
 order can change the choice. Each candidate quantizes with the same fp32 steps as round-to-
 nearest (``div_rn``, the same clamps and roundings), so candidate 0 is byte-identical to RTN.
 
-Work per element grows with the candidates (16 for rows and blocks, 6 for NVFP4); the data is read
+Work per element grows with the candidates (16 for rows, blocks and INT4 groups, 6 for NVFP4); the data is read
 from memory once per candidate (rows, blocks: from L2 mostly) or once (NVFP4: a program keeps its
 groups in registers).
 """
@@ -28,9 +31,10 @@ import triton.language as tl
 
 from ..schemes.fp8 import BLOCK
 from ..schemes.numerics import E2M1_MAX, E4M3_MAX, INT8_MAX, NVFP4_GROUP
-from ..schemes.search import NVFP4_CODE_STEPS, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT
+from ..schemes.int4 import INT4_GROUP, INT4_MAX, INT4_MIN, INT4_SYM_MAX
+from ..schemes.search import INT4_SHIFT, NVFP4_CODE_STEPS, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT
 from ..schemes.weighted import normalized
-from ._tl_math import div_rn, e2m1_codes, e4m3, e4m3_to_f32, int8_code, scale_from_amax
+from ._tl_math import div_rn, e2m1_codes, e4m3, e4m3_to_f32, rint_i32, scale_from_amax
 from ._validate import cdiv, next_pow2, soft_fp8
 
 ROW_TILE = 2048  # elements per chunk of the row kernel (rows x padded K chunk)
@@ -61,41 +65,55 @@ def _group_err(x, v, s64, units, cw, WEIGHTED: tl.constexpr):
 
 
 @triton.jit
-def _values(x, s, INT8: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 code values of ``x / s`` (``s`` one scale per row of ``x``): int8 or e4m3."""
+def _int_code(q, QMIN: tl.constexpr, QMAX: tl.constexpr):
+    """fp32 -> int8 codes: round half to even, clamp to [QMIN, QMAX] (int8: -128..127, int4: -8..7)."""
+    return tl.minimum(tl.maximum(rint_i32(q), QMIN), QMAX).to(tl.int8)
+
+
+@triton.jit
+def _values(x, s, INT8: tl.constexpr, SOFT: tl.constexpr, QMIN: tl.constexpr = -128, QMAX: tl.constexpr = 127):
+    """fp32 code values of ``x / s`` (``s`` one scale per row of ``x``): integer (INT8) or e4m3."""
     q = div_rn(x, s[:, None])
     if INT8:
-        return int8_code(q).to(tl.float32)
+        return _int_code(q, QMIN, QMAX).to(tl.float32)
     else:
         return e4m3_to_f32(e4m3(q, SOFT), SOFT)
 
 
 @triton.jit
-def _store_codes(q_ptr, offs, mask, x, s, INT8: tl.constexpr, SOFT: tl.constexpr):
+def _store_codes(q_ptr, offs, mask, x, s, INT8: tl.constexpr, SOFT: tl.constexpr, QMIN: tl.constexpr = -128,
+                 QMAX: tl.constexpr = 127):
     q = div_rn(x, s[:, None])
     if INT8:
-        tl.store(q_ptr + offs, int8_code(q), mask=mask)
+        tl.store(q_ptr + offs, _int_code(q, QMIN, QMAX), mask=mask)
     else:
         tl.store(q_ptr + offs, e4m3(q, SOFT), mask=mask)
 
 
 @triton.jit
-def _row_weights(cw_ptr, b, K, cols, WEIGHTED: tl.constexpr):
-    """fp64 ``[1, len(cols)]`` channel weights of columns `cols` of item b (0.0 when not WEIGHTED)."""
+def _row_weights(cw_ptr, b, K, cols, rows, KG, WEIGHTED: tl.constexpr, GROUPED: tl.constexpr):
+    """fp64 channel weights of columns `cols` of item b's rows (0.0 when not WEIGHTED): ``[1, C]``
+    for whole rows; GROUPED (INT4's 128-groups, K = 128): ``[R, C]``, row g taking the weights of
+    channels ``(g % KG) * K + cols`` of the item's ``KG * K`` channels."""
     if WEIGHTED:
-        return tl.load(cw_ptr + b * K + cols, mask=cols < K, other=0.0)[None, :]
+        if GROUPED:
+            return tl.load(cw_ptr + b * KG * K + (rows % KG)[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+        else:
+            return tl.load(cw_ptr + b * K + cols, mask=cols < K, other=0.0)[None, :]
     else:
         return 0.0
 
 
 @triton.jit
 def _row_search_kernel(
-    x_ptr, q_ptr, s_ptr, mult_ptr, cw_ptr, N, K, qmax, C,
+    x_ptr, q_ptr, s_ptr, mult_ptr, cw_ptr, N, K, KG, qmax, C,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INT8: tl.constexpr, SOFT: tl.constexpr, SHIFT: tl.constexpr,
-    WEIGHTED: tl.constexpr,
+    WEIGHTED: tl.constexpr, QMIN: tl.constexpr = -128, QMAX: tl.constexpr = 127, GROUPED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N, BLOCK_N), B)``: rows of item b; pass 1 amax, one pass per candidate, one to store.
-    ``cw``: fp64 ``[B, K]`` normalized channel weights (read when WEIGHTED)."""
+    ``cw``: fp64 ``[B, K]`` normalized channel weights (read when WEIGHTED); GROUPED (INT4: the rows
+    are the 128-groups of a ``[N * KG, 128]`` view): ``[B, KG * K]``, see :func:`_row_weights`.
+    Integer codes (INT8) are clamped to [QMIN, QMAX]."""
     b = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -111,16 +129,16 @@ def _row_search_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + start[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-        cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
-        best_err += _group_err(x, _values(x, best_s, INT8, SOFT), best_s.to(tl.float64), units, cw, WEIGHTED)
+        cw = _row_weights(cw_ptr, b, K, cols, rows, KG, WEIGHTED, GROUPED)
+        best_err += _group_err(x, _values(x, best_s, INT8, SOFT, QMIN, QMAX), best_s.to(tl.float64), units, cw, WEIGHTED)
     for c in range(1, C):
         s = scale_from_amax(amax * tl.load(mult_ptr + c), qmax)
         err = tl.zeros([BLOCK_N], dtype=tl.int64)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + start[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-            cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
-            err += _group_err(x, _values(x, s, INT8, SOFT), s.to(tl.float64), units, cw, WEIGHTED)
+            cw = _row_weights(cw_ptr, b, K, cols, rows, KG, WEIGHTED, GROUPED)
+            err += _group_err(x, _values(x, s, INT8, SOFT, QMIN, QMAX), s.to(tl.float64), units, cw, WEIGHTED)
         better = err < best_err
         best_err = tl.where(better, err, best_err)
         best_s = tl.where(better, s, best_s)
@@ -129,7 +147,7 @@ def _row_search_kernel(
         mask = row_ok[:, None] & (cols < K)[None, :]
         offs = start[:, None] + cols[None, :]
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        _store_codes(q_ptr, offs, mask, x, best_s, INT8, SOFT)
+        _store_codes(q_ptr, offs, mask, x, best_s, INT8, SOFT, QMIN, QMAX)
     tl.store(s_ptr + b * N + rows, best_s, mask=row_ok)
 
 
@@ -167,7 +185,7 @@ def _block_search_kernel(
     amax = tl.max(amax, axis=0)
     best_s = scale_from_amax(amax * tl.load(mult_ptr), qmax)
     units = _units(best_s, SHIFT)
-    cw = _row_weights(cw_ptr, b, K, cols, WEIGHTED)
+    cw = _row_weights(cw_ptr, b, K, cols, 0, 1, WEIGHTED, False)
     best_err = _block_err(x_ptr, base, rows0, cols, N, K, best_s, units, cw, SUB, SOFT, WEIGHTED)
     for c in range(1, C):
         s = scale_from_amax(amax * tl.load(mult_ptr + c), qmax)
@@ -276,10 +294,30 @@ def quantize_rows(w: torch.Tensor, int8: bool, soft: bool | None = None, cw: tor
     s = torch.empty((batch, n), dtype=torch.float32, device=w.device)
     mults = _table(ROW_MULTIPLIERS, torch.float32, str(w.device))
     _row_search_kernel[(cdiv(n, block_n), batch)](
-        w, q, s, mults, _weights(cw, batch, k, k, mults), n, k, INT8_MAX if int8 else E4M3_MAX, len(ROW_MULTIPLIERS),
+        w, q, s, mults, _weights(cw, batch, k, k, mults), n, k, 1, INT8_MAX if int8 else E4M3_MAX, len(ROW_MULTIPLIERS),
         BLOCK_N=block_n, BLOCK_K=block_k, INT8=int8, SOFT=soft, SHIFT=ROW_SHIFT, WEIGHTED=cw is not None, num_warps=ROW_WARPS,
     )
     return q, s
+
+
+def quantize_int4(w: torch.Tensor, cw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [B, N, K]`` (K % 128 == 0) -> (int8 codes in [-8, 7] ``[B, N, K]``, fp32 searched group
+    scales ``[B, N, K/128]``): the row kernel on the ``[B, N*K/128, 128]`` view, INT4's qmax 7 and
+    clamp [-8, 7], SHIFT 40; ``cw``: channel weights ``[K]`` or ``[B, K]`` (None: unweighted)."""
+    batch, n, k = w.shape
+    kg = k // INT4_GROUP
+    groups = n * kg
+    x = w.reshape(batch, groups, INT4_GROUP)
+    q = torch.empty(x.shape, dtype=torch.int8, device=w.device)
+    s = torch.empty((batch, groups), dtype=torch.float32, device=w.device)
+    mults = _table(ROW_MULTIPLIERS, torch.float32, str(w.device))
+    block_n = ROW_TILE // INT4_GROUP
+    _row_search_kernel[(cdiv(groups, block_n), batch)](
+        x, q, s, mults, _weights(cw, batch, k, INT4_GROUP, mults), groups, INT4_GROUP, kg, INT4_SYM_MAX, len(ROW_MULTIPLIERS),
+        BLOCK_N=block_n, BLOCK_K=INT4_GROUP, INT8=True, SOFT=False, SHIFT=INT4_SHIFT, WEIGHTED=cw is not None,
+        QMIN=INT4_MIN, QMAX=INT4_MAX, GROUPED=True, num_warps=ROW_WARPS,
+    )
+    return q.view(batch, n, k), s.view(batch, n, kg)
 
 
 def quantize_blocks(w: torch.Tensor, soft: bool | None = None, cw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,17 +356,25 @@ def quantize_nvfp4(w: torch.Tensor, gamax: torch.Tensor, soft: bool | None = Non
 def run(scheme, w: torch.Tensor, gamax: torch.Tensor | None, amax_fn, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Dispatch a :class:`~quantize_cli.schemes.search.Searched` scheme on a stack ``w [B, N, K]``;
     `channel_weights`: ``[K]`` (shared) or ``[B, K]`` activation weights, or None."""
-    from ..schemes.fp8 import Fp8Block
+    from ..schemes.fp8 import Fp8Block, Fp8PerChannel
     from ..schemes.int8 import Int8PerChannel
     from ..schemes.nvfp4 import Nvfp4
     from ..schemes.weighted import check
 
+    from ..schemes.int4 import Int4Group, pack_row_pairs
+
     base = scheme.base
     cw = check(channel_weights, w.shape[-1], w.shape[0])
-    if isinstance(base, Nvfp4) and w.dtype == torch.float32:
+    if isinstance(base, Int4Group):
+        if w.shape[-1] % INT4_GROUP:
+            raise ValueError(f"{base.algo} needs in-features (last dim) divisible by {INT4_GROUP}, got shape {list(w.shape[-2:])}")
+        q, s = quantize_int4(w, cw)
+        return {"weight": torch.stack([pack_row_pairs(q[b]) for b in range(w.shape[0])]), "weight_scale": s}
+    if not isinstance(base, (Nvfp4, Fp8Block, Int8PerChannel, Fp8PerChannel)) or (isinstance(base, Nvfp4) and w.dtype == torch.float32):
         # On an H100 the searched NVFP4 kernel chose another candidate than the reference for some
         # fp32-source groups (bf16 / fp16 sources are exact): until that is understood, fp32 sources
-        # take the torch reference on the GPU, which is exact on every device.
+        # take the torch reference on the GPU, which is exact on every device. So does a base with no
+        # searched kernel (compressed-tensors' INT4, whose math runs as its torch reference only).
         outs = [scheme.quantize(w[b], None if gamax is None else gamax[b], None if cw is None else (cw if cw.dim() == 1 else cw[b]))
                 for b in range(w.shape[0])]
         return {k: (torch.stack([o[k] for o in outs]) if outs[0][k].dim() or k != "input_scale" else outs[0][k]) for k in outs[0]}

@@ -53,8 +53,8 @@ class Format:
         """Why ``--layout`` `layout` cannot be written in this format (None: it can)."""
         return None
 
-    def scale_search_problem(self, method: str) -> str | None:
-        """Why ``--scale-search`` `method` cannot be written in this format (None: it can)."""
+    def scale_search_problem(self, method: str, algo: str | None = None) -> str | None:
+        """Why ``--scale-search`` `method` (for ``--algo`` `algo`) cannot be written in this format (None: it can)."""
         return None
 
     def exclusion_list(self, mods: Mapping[str, Module], packed: Mapping[str, Iterable[str]]) -> list[str]:

@@ -55,6 +55,8 @@ CT_SCHEMES: dict[str, CtScheme] = {s.algo: s for s in (
     _ct(CtInt4, "INT4_ASYM", "W4A16_ASYM", row_align=8, symmetric=False),  # zero points of eight rows per int32
 )}
 
+SEARCHED = ("INT4", "INT4_ASYM")  # --scale-search mse: llm-compressor's mse observer's grids (schemes/search.py)
+
 # vLLM 0.33 serves every preset per Linear and per MoE layer, alone or mixed (vllm_ct.VLLM_CT).
 SERVED = {algo: Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True) for algo in VLLM_CT}
 
@@ -80,10 +82,10 @@ class CompressedTensors(Format):
                     "layouts (vLLM repacks its plain tensors at load time); use --layout plain or --format modelopt")
         return None
 
-    def scale_search_problem(self, method: str):
-        if (method or "none").lower() != "none":
+    def scale_search_problem(self, method: str, algo: str | None = None):
+        if (method or "none").lower() != "none" and algo not in SEARCHED:
             return (f"--scale-search {method} --format {self.name}: searched scales are written in the ModelOpt format "
-                    "only for now; drop --scale-search or use --format modelopt")
+                    "only for now (compressed-tensors: INT4 and INT4_ASYM); drop --scale-search or use --format modelopt")
         return None
 
     def exclusion_list(self, mods, packed) -> list[str]:

@@ -72,24 +72,35 @@ def unpack_int32(packed: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
     return q.T.contiguous() if dim == 0 else q
 
 
-def ct_int4_qparams(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """compressed-tensors' scale ``[N, K/128]`` (dtype of `w`) and, asymmetric, int8 zero point."""
+def group_bounds(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) ``[N, K/128]`` in `w`'s dtype: ``min(min w, 0)`` and ``max(max w, 0)`` per 128-group."""
     import torch
 
     n, k = w.shape
     groups = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
-    lo = torch.clamp(groups.amin(dim=2), max=0)
-    hi = torch.clamp(groups.amax(dim=2), min=0)
-    eps = _t(torch.finfo(w.dtype).eps, w)
+    return torch.clamp(groups.amin(dim=2), max=0), torch.clamp(groups.amax(dim=2), min=0)
+
+
+def ct_int4_qparams_from(lo: torch.Tensor, hi: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compressed-tensors' scale (dtype of `lo`) and, asymmetric, int8 zero point of groups with
+    bounds `lo` <= 0 <= `hi` (any shape): RTN's from :func:`group_bounds`, the scale search's shrunk."""
+    import torch
+
+    eps = _t(torch.finfo(lo.dtype).eps, lo)
     if symmetric:
-        s = torch.maximum(lo.abs(), hi) / _t(SYM_HALF_RANGE, w)
+        s = torch.maximum(lo.abs(), hi) / _t(SYM_HALF_RANGE, lo)
         return torch.where(s == 0, eps, s), None
-    s = (hi - lo) / _t(ASYM_RANGE, w)
+    s = (hi - lo) / _t(ASYM_RANGE, lo)
     # the zero point comes from the scale *before* a zero one becomes eps: 0 / 0 is NaN there,
     # which compressed-tensors casts to int8 as 0 (x86); nan_to_num makes that explicit everywhere
-    z = (_t(float(INT4_MIN), w) - lo / s).clamp_(INT4_MIN, INT4_MAX).round_()
+    z = (_t(float(INT4_MIN), lo) - lo / s).clamp_(INT4_MIN, INT4_MAX).round_()
     z = torch.nan_to_num(z, nan=0.0).to(torch.int8)
     return torch.where(s == 0, eps, s), z
+
+
+def ct_int4_qparams(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compressed-tensors' scale ``[N, K/128]`` (dtype of `w`) and, asymmetric, int8 zero point."""
+    return ct_int4_qparams_from(*group_bounds(w), symmetric)
 
 
 def ct_int4_codes(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None) -> torch.Tensor:
@@ -133,8 +144,12 @@ class CtInt4(CtScheme):
         return {"weight_shape": torch.tensor(list(shape), dtype=torch.int64)}
 
     def quantize(self, w, global_amax=None):
+        return self.quantize_with(w, *ct_int4_qparams(w, self.symmetric))
+
+    def quantize_with(self, w, scale, zp):
+        """The written tensors of `w` under group scales `scale` and zero points `zp` (None:
+        symmetric), RTN's or the scale search's (:func:`..schemes.search.ct_int4_search`)."""
         n, k = w.shape
-        scale, zp = ct_int4_qparams(w, self.symmetric)
         x = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
         q = ct_int4_codes(x, scale[:, :, None], None if zp is None else zp[:, :, None]).reshape(n, k)
         out = {"weight_packed": pack_int32(q), "weight_scale": scale}

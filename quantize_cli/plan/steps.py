@@ -78,7 +78,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
 
     fmt = format_named(format)
     scheme = fmt.scheme(get_scheme(algo).algo)
-    problem = fmt.scale_search_problem(scale_search)
+    problem = fmt.scale_search_problem(scale_search, scheme.algo)
     if problem:
         raise UsageError(problem)
     _not_yet_with_mixed(algo_for, scheme, scale_search)

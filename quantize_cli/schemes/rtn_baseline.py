@@ -15,7 +15,7 @@ from .base import Scheme
 from .numerics import square_sums
 from .nvfp4 import Nvfp4, block_scales
 from .search import nvfp4_payload
-from .searched import SEARCHABLE, Searched
+from .searched import Searched, searchable
 
 
 def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -23,7 +23,7 @@ def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Ten
 
     The baseline of the error reduction shown by ``--report`` and ``verify --source``."""
     base = getattr(scheme, "base", None) or scheme
-    if not isinstance(base, SEARCHABLE):
+    if not isinstance(base, searchable()):
         return None
     if isinstance(base, Nvfp4):
         wsf2 = written["weight_scale_2"].float().to(w.device)

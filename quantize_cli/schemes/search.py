@@ -11,6 +11,14 @@ Groups and candidates (candidate 0 is always the RTN scale, so the search never 
     INT8 rows, FP8 rows, FP8 128x128 blocks:
         scale_i = scale_from_amax(fp32(amax * m_i), qmax),  m_i = fp32(1 - 0.02 i), i = 0..15
         (1.00, 0.98, ..., 0.70 of amax / qmax)
+    INT4 128-groups along K (ModelOpt W4A16_AWQ: scale = amax / 7, fp32; compressed-tensors W4A16:
+    amax / 7.5 in the weight's dtype dt, as :func:`..formats.ct_int4.ct_int4_qparams`):
+        amax_i = fp32(amax * m_i) (compressed-tensors: dt(fp32(amax) * m_i)), the scheme's own RTN
+        scale formula applied to amax_i; m_i as for rows
+    INT4_ASYM 128-groups (compressed-tensors W4A16_ASYM, scale and zero point from the group's
+    lo = min(min w, 0) and hi = max(max w, 0), as llm-compressor's mse observer shrinks them):
+        lo_i = dt(fp32(lo) * m_i), hi_i = dt(fp32(hi) * m_i); scale and zero point by the scheme's
+        own RTN formula from (lo_i, hi_i); the dequantized value is (code - z) * s
     NVFP4 16-groups (the global ``weight_scale_2`` stays that of the fused group):
         the e4m3 block scale whose code is RTN's code + j, j in (0, +1, -1, -2, -3, -4), kept to
         the valid scale codes 1..126 (2^-9 .. 448): the RTN scale, its upper e4m3 neighbour and
@@ -27,7 +35,9 @@ kernels choose the same candidate as this reference, bit for bit:
     err = sum over the group of int64(t)       truncated to integers: an exact, order-free sum
 
 SHIFT is 28 for rows and blocks (rows up to ~300k elements cannot overflow int64, weighted or
-not: normalized weights are at most 1) and 40 for 16-groups. The candidate with the smallest
+not: normalized weights are at most 1), 40 for 16-groups and 40 for INT4's 128-groups (an
+element's error is below (16 s0)^2 < 2^10 4^e0 even at the smallest candidate or an asymmetric
+group's clamped zero point: 128 * 2^10 * 2^40 = 2^57). The candidate with the smallest
 ``err`` wins; candidates are scanned in the order above and a later one must be strictly smaller,
 so ties go to RTN, then to the larger scale. The truncation makes the comparison coarse by at most one unit (2^-SHIFT RTN-scale^2) per
 element: the searched group's fp64 error is never above RTN's by more than
@@ -35,7 +45,8 @@ element: the searched group's fp64 error is never above RTN's by more than
 
 Activation-weighted search (``channel_weights``, the calibration's ``E[x_j^2]`` per input channel
 j, see :mod:`.weighted`): each element's term is weighted by its column's normalized weight ``c``
-(divided by the group's largest, so in [0, 1]; :func:`.weighted.normalized`), in this order:
+(divided by the group's largest, so in [0, 1]; :func:`.weighted.normalized`; an INT4 group
+g of a row takes channels ``(g % (K/128)) * 128 + [0, 128)``), in this order:
 
     t   = ((d * d) * c) * 2^(SHIFT - 2 e0)
 
@@ -53,6 +64,7 @@ import torch
 
 from .base import Scheme
 from .fp8 import BLOCK, _fp32, fp8_cast
+from .int4 import INT4_GROUP, INT4_MAX, INT4_MIN, INT4_SYM_MAX, expand_groups, pack_row_pairs, round_codes
 from .int8 import Int8PerChannel
 from .numerics import (
     E4M3_MAX,
@@ -74,6 +86,7 @@ NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)
 E4M3_CODE_MIN, E4M3_CODE_MAX = 1, 126  # 2^-9 (NVFP4's scale floor) .. 448
 ROW_SHIFT = 28
 NVFP4_SHIFT = 40
+INT4_SHIFT = 40
 SLICE_ELEMENTS = 1 << 21  # groups are searched in slices of about this many elements (bounded temporaries)
 
 
@@ -137,13 +150,15 @@ def _fp8_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return fp8_cast(x / s[:, None]).float()
 
 
-def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values, weights=None) -> torch.Tensor:
+def search_amax_scales(x: torch.Tensor, amax: torch.Tensor, qmax: float, values, weights=None,
+                       shift: int = ROW_SHIFT) -> torch.Tensor:
     """Searched fp32 scales [G] of groups ``x`` [G, L] with max |x| ``amax`` [G] (see module doc).
 
-    `weights`: ``sl -> fp64 [g or 1, L]`` normalized channel weights of the groups ``x[sl]``, or None."""
+    `weights`: ``sl -> fp64 [g or 1, L]`` normalized channel weights of the groups ``x[sl]``, or None;
+    `shift`: the error units' SHIFT (rows and blocks 28, INT4 128-groups 40)."""
     mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=x.device)
     cands = scale_from_amax(amax[None, :] * mults[:, None], qmax)  # [16, G], row 0 == RTN
-    units = error_units(cands[0], ROW_SHIFT)
+    units = error_units(cands[0], shift)
 
     def evaluate(xs, x64, s, sl):
         return group_error(x64, values(xs, s), s.double(), units[sl], None if weights is None else weights(sl))
@@ -191,6 +206,73 @@ def quantize_blocks(w: torch.Tensor, channel_weights: torch.Tensor | None = None
     s = search_amax_scales(_blocks(w), amax.reshape(-1), E4M3_MAX, _fp8_values, weights).reshape(amax.shape)
     q = fp8_cast(_fp32(w).div_(expand_blocks(s, (BLOCK, BLOCK), (n, k))))
     return {"weight": q, "weight_scale": s[:, None, :, None].contiguous()}
+
+
+# -- INT4 128-groups (ModelOpt W4A16_AWQ; compressed-tensors W4A16 and W4A16_ASYM) ----------------
+def _int4_values(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (x / s[:, None]).round_().clamp_(INT4_MIN, INT4_MAX)  # as int4.round_codes
+
+
+def int4_group_weights(channel_weights: torch.Tensor | None, n: int, k: int, device):
+    """``sl -> fp64 [g, 128]``: the normalized channel weights of the 128-groups ``sl`` of the
+    ``[N*K/128, 128]`` view of a weight [N, K] (group g covers channels ``(g % (K/128)) * 128 +
+    [0, 128)``), or None (unweighted)."""
+    cw = check_weights(channel_weights, k)
+    if cw is None:
+        return None
+    per_group = normalized(cw, INT4_GROUP, device).reshape(k // INT4_GROUP, INT4_GROUP)
+
+    def weights(sl):
+        return per_group[_indices(sl, n * per_group.shape[0], device) % per_group.shape[0]]
+
+    return weights
+
+
+def int4_group_scales(w: torch.Tensor, channel_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Searched fp32 ``[N, K/128]`` INT4 (ModelOpt) group scales of ``w`` [N, K] (module doc)."""
+    n, k = w.shape
+    x = w.float().reshape(-1, INT4_GROUP)
+    amax = block_amax(w, (1, INT4_GROUP)).reshape(-1)
+    s = search_amax_scales(x, amax, INT4_SYM_MAX, _int4_values, int4_group_weights(channel_weights, n, k, w.device),
+                           shift=INT4_SHIFT)
+    return s.reshape(n, k // INT4_GROUP)
+
+
+def quantize_int4(w: torch.Tensor, channel_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Searched INT4 (ModelOpt ``W4A16_AWQ``): ``Int4Group.quantize``'s tensors with searched scales."""
+    scale = int4_group_scales(w, channel_weights)
+    return {"weight": pack_row_pairs(round_codes(w, expand_groups(scale))), "weight_scale": scale}
+
+
+def ct_int4_search(w: torch.Tensor, symmetric: bool, channel_weights: torch.Tensor | None = None):
+    """Searched compressed-tensors W4A16 / W4A16_ASYM qparams of ``w`` [N, K] in its dtype dt:
+    (scale dt ``[N, K/128]``, int8 zero point ``[N, K/128]`` or None), see the module doc."""
+    from ..formats.ct_int4 import ct_int4_codes, ct_int4_qparams_from, group_bounds
+
+    n, k = w.shape
+    lo, hi = group_bounds(w)  # dt [N, K/128]
+    mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=w.device)[:, None]
+    los = (lo.reshape(-1).float()[None, :] * mults).to(w.dtype)  # [16, G], row 0 == lo exactly
+    his = (hi.reshape(-1).float()[None, :] * mults).to(w.dtype)
+    scales, zps = ct_int4_qparams_from(los, his, symmetric)  # [16, G] each (zps None when symmetric)
+    x = w.reshape(-1, INT4_GROUP)
+    units = error_units(scales[0].float(), INT4_SHIFT)
+    weights = int4_group_weights(channel_weights, n, k, w.device)
+    count = scales.shape[1]
+    index = torch.arange(len(ROW_MULTIPLIERS), device=w.device)[:, None].expand(-1, count)
+
+    def evaluate(xs, x64, c, sl):
+        i = int(c[0]) if c.numel() else 0
+        s = scales[i, sl]
+        z = None if zps is None else zps[i, sl]
+        v = ct_int4_codes(xs, s[:, None], None if z is None else z[:, None]).float()
+        if z is not None:
+            v = v - z.float()[:, None]
+        return group_error(x64, v, s.double(), units[sl], None if weights is None else weights(sl))
+
+    best = search(x, index, None, evaluate)[None, :]
+    s = scales.gather(0, best)[0].reshape(n, k // INT4_GROUP)
+    return s, None if zps is None else zps.gather(0, best)[0].reshape(n, k // INT4_GROUP)
 
 
 # -- NVFP4 16-groups -------------------------------------------------------------------------
@@ -243,4 +325,5 @@ def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | N
     return out
 
 
-__all__ = ["search", "group_error", "quantize_blocks", "quantize_rows", "quantize_nvfp4"]
+__all__ = ["search", "group_error", "quantize_blocks", "quantize_rows", "quantize_nvfp4", "quantize_int4", "int4_group_scales",
+           "ct_int4_search"]

@@ -3,7 +3,8 @@
 A searched scheme writes the same algorithm, configs, tensor names, dtypes and shapes as its
 base; only ``quantize`` differs, and that math (the torch reference the kernels follow) is
 :mod:`.search`, imported when a tensor is quantized. Planning (``check_options``, the plan,
-``--dry-run``) needs only this module.
+``--dry-run``) needs only this module. Formats read a searched scheme's other fields and methods
+(compressed-tensors' ``preset``, ``outputs_for`` ...) as its base's.
 """
 
 from __future__ import annotations
@@ -13,11 +14,20 @@ from dataclasses import dataclass, fields
 from ..errors import UsageError
 from .base import Scheme
 from .fp8 import Fp8Block, Fp8PerChannel
+from .int4 import Int4Group
 from .int8 import Int8PerChannel
 from .nvfp4 import Nvfp4
 
 METHODS = ("none", "mse")
-SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block)
+SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block, Int4Group)  # + compressed-tensors' INT4 (searchable())
+
+
+def searchable() -> tuple[type, ...]:
+    """The scheme classes with a search: :data:`SEARCHABLE` and compressed-tensors' W4A16 / W4A16_ASYM
+    (imported here, not at module level: formats import schemes)."""
+    from ..formats.ct_int4 import CtInt4
+
+    return SEARCHABLE + (CtInt4,)
 
 
 @dataclass(frozen=True)
@@ -30,8 +40,30 @@ class Searched(Scheme):
     # "none": the data-free search (every input channel alike). Recorded in hf_quant_config.json.
     weighting: str = "none"
 
+    def __getattr__(self, name):
+        # the base's own fields and methods (compressed-tensors' ``preset``, ``symmetric`` ...):
+        # a format reads them from the plan's scheme as from the base
+        if name.startswith("__") or name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
     def shape_problem(self, shape):
         return self.base.shape_problem(shape)
+
+    def shape_outputs(self, shape):
+        return self.base.shape_outputs(shape)
+
+    def logical_shape(self, stored):
+        return self.base.logical_shape(stored)
+
+    def outputs_for(self, info):
+        return self.base.outputs_for(info)  # compressed-tensors: the scales take the source's dtype
+
+    def global_amax(self, w):
+        return self.base.global_amax(w)
+
+    def calibrated_inputs(self, amax, out):
+        return self.base.calibrated_inputs(amax, out)
 
     def outputs(self, shape):
         return self.base.outputs(shape)
@@ -42,8 +74,13 @@ class Searched(Scheme):
     def quantize(self, w, global_amax=None, channel_weights=None):
         """`base`'s tensors with searched scales; `channel_weights` ``[K]`` (fp32 ``E[x_j^2]`` of the
         calibration inputs, :mod:`.weighted`) weights each input channel's error, None: all alike."""
-        from .search import quantize_blocks, quantize_nvfp4, quantize_rows
+        from ..formats.ct_int4 import CtInt4
+        from .search import ct_int4_search, quantize_blocks, quantize_int4, quantize_nvfp4, quantize_rows
 
+        if isinstance(self.base, Int4Group):
+            return quantize_int4(w, channel_weights)
+        if isinstance(self.base, CtInt4):  # compressed-tensors W4A16 / W4A16_ASYM
+            return self.base.quantize_with(w, *ct_int4_search(w, self.base.symmetric, channel_weights))
         if isinstance(self.base, Nvfp4):
             return quantize_nvfp4(self.base, w, global_amax, channel_weights)
         if isinstance(self.base, Fp8Block):
@@ -58,7 +95,7 @@ def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
         raise UsageError(f"--scale-search {method!r}: choose none or mse")
     if method == "none":
         return scheme
-    if not isinstance(scheme, SEARCHABLE):
+    if not isinstance(scheme, searchable()):
         raise UsageError(f"--scale-search mse --algo {scheme.algo}: this format's scales are not searched (only NVFP4, "
-                         "W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN and FP8_PB_WO have a search); drop it")
+                         "W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, INT4 and INT4_ASYM have a search); drop it")
     return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)
