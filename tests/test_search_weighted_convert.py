@@ -184,3 +184,29 @@ def test_moe_experts_weighted_per_expert(tmp_path):
     m = "model.layers.0.mlp.experts.2.down_proj"
     ref = searched.quantize(source[f"{m}.weight"], None, doc.channel_energy(m))
     assert _bytes(out[f"{m}.weight_scale"]) == _bytes(ref["weight_scale"])
+
+
+@pytest.mark.parametrize("rounding, smooth", [("gptq", "none"), ("nearest", "awq"), ("gptq", "awq")])
+def test_weighted_under_gptq_and_smooth(calibrated, tmp_path, rounding, smooth):
+    """With --rounding gptq / --smooth the search is weighted too, for a weight-only format (no static
+    input scale keeps the scales doc): the smoothed Linears that round to nearest after the forward
+    were searched data-free (and warned so) before; recorded as weighted, no data-free warning."""
+    src, _ = calibrated
+    kw = dict(algo="W4A16_NVFP4", device="cpu", quiet=True, calib_data="default", rounding=rounding, smooth=smooth)
+    res = convert(src, str(tmp_path / "w"), scale_search="mse", **kw)
+    conv = json.load(open(os.path.join(res.dst, "hf_quant_config.json")))["converter"]
+    assert conv["scale_search_weights"] == "activations"
+    assert not any("without calibration data" in w for w in res.report["warnings"])
+    if rounding == "nearest":  # the final round to nearest searches with the smoothed inputs' E[x_j^2]: not data-free
+        from quantize_cli.calibration import weights_entry
+
+        keep = weights_entry.weights_for_convert
+        weights_entry.weights_for_convert = lambda *a: (None, keep(*a)[1])  # the old behaviour: the doc dropped
+        try:
+            free = convert(src, str(tmp_path / "f"), scale_search="mse", **kw)
+        finally:
+            weights_entry.weights_for_convert = keep
+        assert any("without calibration data" in w for w in free.report["warnings"])
+        w, f = load_all(res.dst), load_all(free.dst)
+        moved = [n for n in w if n.endswith(".weight_scale") and _bytes(w[n]) != _bytes(f[n])]
+        assert len(moved) >= 7, moved

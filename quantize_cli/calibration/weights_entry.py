@@ -204,13 +204,17 @@ def weights_for_convert(opts, ok, con, draft, device):
 
     `draft`: the plan from the headers (no calibration), its problems already refused; the forward
     runs on `device`. The scales doc is kept where the plan takes calibrated scales (static input
-    scales, or an FP8 KV cache). A dry run checks the data and the architecture
+    scales, an FP8 KV cache) or channel statistics (a weighted --scale-search). A dry run checks the data and the architecture
     (``plan_calibration``) and returns no weights."""
     from . import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, load as load_scales
     from .entry import plan_calibration
 
     rounding, smooth = normalise(opts.rounding, opts.smooth)
-    keep = draft.scheme.static_input_scale is not None or (opts.kv_cache_dtype or "").lower() == "fp8"
+    # The doc stays where the plan reads it: static input scales, an FP8 KV cache, and the weighted
+    # --scale-search of the Linears round to nearest quantizes after --smooth (its channel statistics
+    # are those of the smoothed, quantized blocks' inputs: the recorded pass of calibration.forward)
+    keep = (draft.scheme.static_input_scale is not None or (opts.kv_cache_dtype or "").lower() == "fp8"
+            or getattr(draft.scheme, "scale_search", "none") != "none")
     if opts.act_scales is not None:
         doc = load_scales(opts.act_scales)
         from .document import check_source, fingerprint
