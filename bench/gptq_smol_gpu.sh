@@ -19,7 +19,7 @@ stream modelopt $PY bench/gptq_modelopt.py --model "$MODEL" --work "$WORK" --dev
 stream llmc $PY bench/gptq_llmc.py --model "$MODEL" --work "$WORK" --algos $ALGOS --variants rtn gptq awq awq-gptq \
     --seq-len 256 &
 stream ours $PY bench/gptq_smol.py ours --model "$MODEL" --work "$WORK" --device "$DEVICE" --algos $ALGOS \
-    --variants rtn mse gptq gptq-mse awq-mse awq-gptq-mse &
+    --variants rtn mse gptq gptq-mse awq awq-mse awq-gptq-mse &
 wait
 stream eval $PY bench/gptq_smol.py eval --model "$MODEL" --work "$WORK" --device "$DEVICE" --samples 16 --seq-len 256 --jobs 4
 $PY bench/gptq_smol.py table --work "$WORK" > "$WORK/table.md"
