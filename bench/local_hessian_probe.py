@@ -36,6 +36,7 @@ from quantize_cli.schemes.nvfp4 import block_scales
 from quantize_cli.schemes.search import E4M3_CODE_MAX, E4M3_CODE_MIN, NVFP4_CODE_STEPS, _e4m3, nvfp4_payload
 
 G = NVFP4_GROUP
+STEPS = list(NVFP4_CODE_STEPS)  # the candidates, as e4m3 code steps from RTN's (--steps: a wider list, a what-if)
 
 
 def collect_hessians(source: str, calib: str, dtype: torch.dtype):
@@ -83,7 +84,7 @@ def search_groups(w: torch.Tensor, wsf2: torch.Tensor, hb: torch.Tensor) -> tupl
     x64 = xg.double()
     best = torch.zeros(n, b, dtype=torch.int64)
     best_err = None
-    for c, step in enumerate(NVFP4_CODE_STEPS):
+    for c, step in enumerate(STEPS):
         code = code0 + step
         valid = (code >= E4M3_CODE_MIN) & (code <= E4M3_CODE_MAX)
         code = code.clamp(E4M3_CODE_MIN, E4M3_CODE_MAX)
@@ -98,7 +99,7 @@ def search_groups(w: torch.Tensor, wsf2: torch.Tensor, hb: torch.Tensor) -> tupl
         better = (err < best_err) & valid
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, c), best)
-    codes = code0 + torch.tensor(NVFP4_CODE_STEPS)[best]
+    codes = code0 + torch.tensor(STEPS)[best]
     return _e4m3(codes), best
 
 
@@ -154,7 +155,14 @@ def main() -> None:
     p.add_argument("--ridge", type=float, default=0.01)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", help="candidate e4m3 code steps from RTN's, comma-separated, 0 first (default: the shipped "
+                   "search's 0,1,-1,-2,-3,-4); output folders get the suffix -steps<N>")
     a = p.parse_args()
+    tag = ""
+    if a.steps:
+        STEPS[:] = [int(x) for x in a.steps.split(",")]
+        assert STEPS[0] == 0, "candidate 0 must be RTN's code (step 0)"
+        tag = f"-steps{len(STEPS)}"
     torch.set_num_threads(a.threads)
     from safetensors import safe_open
 
@@ -173,7 +181,7 @@ def main() -> None:
     summary = {"dtype": a.dtype, "linears": len(names), "calib_seconds": round(t_cal, 1), "variants": {}}
     for v in variants:
         t1 = time.perf_counter()
-        out_dir = os.path.join(a.out, f"lh-{v}" if v != "ridge" else f"lh-ridge{a.ridge:g}")
+        out_dir = os.path.join(a.out, (f"lh-{v}" if v != "ridge" else f"lh-ridge{a.ridge:g}") + tag)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         shutil.copytree(a.rtn, out_dir)
@@ -216,13 +224,13 @@ def main() -> None:
             diff = sum(int((choices[v][n] != choices["diag"][n]).sum()) for n in names)
             summary["variants"][v]["choice_differs_from_diag"] = diff / summary["variants"][v]["groups"]
             # histogram of chosen candidates
-            hist = torch.zeros(len(NVFP4_CODE_STEPS), dtype=torch.int64)
+            hist = torch.zeros(len(STEPS), dtype=torch.int64)
             for n in names:
-                hist += torch.bincount(choices[v][n].reshape(-1), minlength=len(NVFP4_CODE_STEPS))
+                hist += torch.bincount(choices[v][n].reshape(-1), minlength=len(STEPS))
             summary["variants"][v]["candidate_hist"] = hist.tolist()
-        hist = torch.zeros(len(NVFP4_CODE_STEPS), dtype=torch.int64)
+        hist = torch.zeros(len(STEPS), dtype=torch.int64)
         for n in names:
-            hist += torch.bincount(choices["diag"][n].reshape(-1), minlength=len(NVFP4_CODE_STEPS))
+            hist += torch.bincount(choices["diag"][n].reshape(-1), minlength=len(STEPS))
         summary["variants"]["diag"]["candidate_hist"] = hist.tolist()
     # check: every tensor other than the replaced ones is byte-identical to the rtn output
     rb, rh = read_header(os.path.join(a.rtn, "model.safetensors"))
