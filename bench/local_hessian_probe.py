@@ -155,7 +155,7 @@ def main() -> None:
     p.add_argument("--ridge", type=float, default=0.01)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--steps", help="candidate e4m3 code steps from RTN's, comma-separated, 0 first (default: the shipped "
+    p.add_argument("--steps", help="candidate e4m3 code steps from RTN's, comma-separated, 0 first (default: the data-free "
                    "search's 0,1,-1,-2,-3,-4); output folders get the suffix -steps<N>")
     a = p.parse_args()
     tag = ""

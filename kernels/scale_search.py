@@ -32,7 +32,7 @@ import triton.language as tl
 from ..schemes.fp8 import BLOCK
 from ..schemes.numerics import E2M1_MAX, E4M3_MAX, INT8_MAX, NVFP4_GROUP
 from ..schemes.int4 import INT4_GROUP, INT4_MAX, INT4_MIN, INT4_SYM_MAX
-from ..schemes.search import INT4_SHIFT, NVFP4_CODE_STEPS, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT
+from ..schemes.search import INT4_SHIFT, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT, nvfp4_code_steps
 from ..schemes.weighted import normalized
 from ._tl_math import div_rn, e2m1_codes, e4m3, e4m3_to_f32, rint_i32, scale_from_amax
 from ._validate import cdiv, next_pow2, soft_fp8
@@ -344,10 +344,11 @@ def quantize_nvfp4(w: torch.Tensor, gamax: torch.Tensor, soft: bool | None = Non
     q = torch.empty((batch, n, k // 2), dtype=torch.uint8, device=w.device)
     s = torch.empty((batch, n, k // NVFP4_GROUP), dtype=torch.uint8, device=w.device)
     wsf2 = torch.empty(batch, dtype=torch.float32, device=w.device)
-    steps = _table(NVFP4_CODE_STEPS, torch.int32, str(w.device))
+    candidates = nvfp4_code_steps(cw is not None)  # the reference's list: the weighted search has more
+    steps = _table(candidates, torch.int32, str(w.device))
     cw64 = _weights(cw, batch, k, NVFP4_GROUP, wsf2)
     _nvfp4_search_kernel[(cdiv(groups, NVFP4_GROUPS), batch)](
-        w, q, s, gamax, wsf2, steps, cw64, groups, k // NVFP4_GROUP, E2M1_MAX * E4M3_MAX, len(NVFP4_CODE_STEPS),
+        w, q, s, gamax, wsf2, steps, cw64, groups, k // NVFP4_GROUP, E2M1_MAX * E4M3_MAX, len(candidates),
         BLOCK_G=NVFP4_GROUPS, SOFT=soft, SHIFT=NVFP4_SHIFT, WEIGHTED=cw is not None, num_warps=NVFP4_WARPS,
     )
     return q, s.view(torch.float8_e4m3fn), wsf2

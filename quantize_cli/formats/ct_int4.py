@@ -146,9 +146,14 @@ class CtInt4(CtScheme):
     def quantize(self, w, global_amax=None):
         return self.quantize_with(w, *ct_int4_qparams(w, self.symmetric))
 
+    def search_quantize(self, w, channel_weights=None):
+        """``--scale-search mse`` (:class:`..schemes.searched.Searched` calls it): the tensors of
+        :meth:`quantize` with searched qparams (:func:`ct_int4_search`)."""
+        return self.quantize_with(w, *ct_int4_search(w, self.symmetric, channel_weights))
+
     def quantize_with(self, w, scale, zp):
         """The written tensors of `w` under group scales `scale` and zero points `zp` (None:
-        symmetric), RTN's or the scale search's (:func:`..schemes.search.ct_int4_search`)."""
+        symmetric), RTN's or the scale search's (:func:`ct_int4_search`)."""
         n, k = w.shape
         x = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
         q = ct_int4_codes(x, scale[:, :, None], None if zp is None else zp[:, :, None]).reshape(n, k)
@@ -167,3 +172,38 @@ class CtInt4(CtScheme):
         if "weight_zero_point" in q:
             groups = groups - unpack_int32(q["weight_zero_point"], n, dim=0).float()[:, :, None]
         return (groups * s.float().to(codes.device)[:, :, None]).reshape(n, -1).to(torch.float32)
+
+
+def ct_int4_search(w: torch.Tensor, symmetric: bool, channel_weights: torch.Tensor | None = None):
+    """Searched compressed-tensors W4A16 / W4A16_ASYM qparams of ``w`` [N, K] in its dtype dt:
+    (scale dt ``[N, K/128]``, int8 zero point ``[N, K/128]`` or None), see :mod:`..schemes.search` (the candidates)
+    and this module (the qparams formula the candidates go through)."""
+    import torch
+
+    from ..schemes.int4 import INT4_GROUP
+    from ..schemes.search import INT4_SHIFT, ROW_MULTIPLIERS, error_units, group_error, int4_group_weights, search
+
+    n, k = w.shape
+    lo, hi = group_bounds(w)  # dt [N, K/128]
+    mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=w.device)[:, None]
+    los = (lo.reshape(-1).float()[None, :] * mults).to(w.dtype)  # [16, G], row 0 == lo exactly
+    his = (hi.reshape(-1).float()[None, :] * mults).to(w.dtype)
+    scales, zps = ct_int4_qparams_from(los, his, symmetric)  # [16, G] each (zps None when symmetric)
+    x = w.reshape(-1, INT4_GROUP)
+    units = error_units(scales[0].float(), INT4_SHIFT)
+    weights = int4_group_weights(channel_weights, n, k, w.device)
+    count = scales.shape[1]
+    index = torch.arange(len(ROW_MULTIPLIERS), device=w.device)[:, None].expand(-1, count)
+
+    def evaluate(xs, x64, c, sl):
+        i = int(c[0]) if c.numel() else 0
+        s = scales[i, sl]
+        z = None if zps is None else zps[i, sl]
+        v = ct_int4_codes(xs, s[:, None], None if z is None else z[:, None]).float()
+        if z is not None:
+            v = v - z.float()[:, None]
+        return group_error(x64, v, s.double(), units[sl], None if weights is None else weights(sl))
+
+    best = search(x, index, None, evaluate)[None, :]
+    s = scales.gather(0, best)[0].reshape(n, k // INT4_GROUP)
+    return s, None if zps is None else zps.gather(0, best)[0].reshape(n, k // INT4_GROUP)

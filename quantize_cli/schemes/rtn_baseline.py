@@ -23,7 +23,7 @@ def rtn_dequantize(scheme: Scheme, w: torch.Tensor, written: dict[str, torch.Ten
 
     The baseline of the error reduction shown by ``--report`` and ``verify --source``."""
     base = getattr(scheme, "base", None) or scheme
-    if not isinstance(base, searchable()):
+    if not searchable(base):
         return None
     if isinstance(base, Nvfp4):
         wsf2 = written["weight_scale_2"].float().to(w.device)

@@ -14,15 +14,16 @@ Groups and candidates (candidate 0 is always the RTN scale, so the search never 
     INT4 128-groups along K (ModelOpt W4A16_AWQ: scale = amax / 7, fp32; compressed-tensors W4A16:
     amax / 7.5 in the weight's dtype dt, as :func:`..formats.ct_int4.ct_int4_qparams`):
         amax_i = fp32(amax * m_i) (compressed-tensors: dt(fp32(amax) * m_i)), the scheme's own RTN
-        scale formula applied to amax_i; m_i as for rows
+        scale formula applied to amax_i; m_i as for rows (compressed-tensors: `formats.ct_int4.ct_int4_search`)
     INT4_ASYM 128-groups (compressed-tensors W4A16_ASYM, scale and zero point from the group's
     lo = min(min w, 0) and hi = max(max w, 0), as llm-compressor's mse observer shrinks them):
         lo_i = dt(fp32(lo) * m_i), hi_i = dt(fp32(hi) * m_i); scale and zero point by the scheme's
         own RTN formula from (lo_i, hi_i); the dequantized value is (code - z) * s
     NVFP4 16-groups (the global ``weight_scale_2`` stays that of the fused group):
-        the e4m3 block scale whose code is RTN's code + j, j in (0, +1, -1, -2, -3, -4), kept to
-        the valid scale codes 1..126 (2^-9 .. 448): the RTN scale, its upper e4m3 neighbour and
-        the four below it (down to about 0.73x).
+        the e4m3 block scale whose code is RTN's code + j, kept to the valid scale codes 1..126
+        (2^-9 .. 448); data-free j in (0, +1, -1, -2, -3, -4): the RTN scale, its upper e4m3
+        neighbour and the four below it (down to about 0.73x); weighted (with calibration data)
+        j in (0, +1, -1, ..., -8, +2, ..., +8): eight codes either side (``NVFP4_WEIGHTED_CODE_STEPS``).
 
 The error of a candidate is measured exactly the same way on every device, so that the Triton
 kernels choose the same candidate as this reference, bit for bit:
@@ -52,12 +53,11 @@ g of a row takes channels ``(g % (K/128)) * 128 + [0, 128)``), in this order:
 
 and the bound above holds for the weighted error divided by the group's largest weight. Candidates,
 groups and the written bytes' format are those of the unweighted search; equal weights give its
-bytes exactly (they normalize to 1.0).
+bytes exactly (they normalize to 1.0) over the same candidates (NVFP4: the weighted list).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -76,13 +76,19 @@ from .numerics import (
     expand_blocks,
     pack_nibbles,
     scale_from_amax,
-    square_sums,
 )
 from .nvfp4 import Nvfp4, block_scales, global_scale
 from .weighted import check as check_weights, normalized
 
 ROW_MULTIPLIERS = tuple(1.0 - 0.02 * i for i in range(16))  # as fp32: torch.tensor(ROW_MULTIPLIERS)
-NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)
+NVFP4_CODE_STEPS = (0, 1, -1, -2, -3, -4)  # the data-free search's candidates
+# With calibration data, eight e4m3 codes either side of RTN's (about 0.6x to 1.7x of its scale): a
+# group's weighted error is dominated by its high-energy channels' weights, which a scale other than
+# RTN's often represents exactly, larger ones included (SmolLM2-135M: codes +4 to +6 won a third of
+# the groups; W4A16_NVFP4 perplexity 23.28 with the six candidates, 21.93 with these, RTN 25.26;
+# docs/accuracy.md). The data-free search keeps its six: fitting the weights alone harder does not
+# help a decoder (issue 28), and its bytes stay those measured.
+NVFP4_WEIGHTED_CODE_STEPS = NVFP4_CODE_STEPS + (-5, -6, -7, -8, 2, 3, 4, 5, 6, 7, 8)
 E4M3_CODE_MIN, E4M3_CODE_MAX = 1, 126  # 2^-9 (NVFP4's scale floor) .. 448
 ROW_SHIFT = 28
 NVFP4_SHIFT = 40
@@ -244,56 +250,32 @@ def quantize_int4(w: torch.Tensor, channel_weights: torch.Tensor | None = None) 
     return {"weight": pack_row_pairs(round_codes(w, expand_groups(scale))), "weight_scale": scale}
 
 
-def ct_int4_search(w: torch.Tensor, symmetric: bool, channel_weights: torch.Tensor | None = None):
-    """Searched compressed-tensors W4A16 / W4A16_ASYM qparams of ``w`` [N, K] in its dtype dt:
-    (scale dt ``[N, K/128]``, int8 zero point ``[N, K/128]`` or None), see the module doc."""
-    from ..formats.ct_int4 import ct_int4_codes, ct_int4_qparams_from, group_bounds
-
-    n, k = w.shape
-    lo, hi = group_bounds(w)  # dt [N, K/128]
-    mults = torch.tensor(ROW_MULTIPLIERS, dtype=torch.float32, device=w.device)[:, None]
-    los = (lo.reshape(-1).float()[None, :] * mults).to(w.dtype)  # [16, G], row 0 == lo exactly
-    his = (hi.reshape(-1).float()[None, :] * mults).to(w.dtype)
-    scales, zps = ct_int4_qparams_from(los, his, symmetric)  # [16, G] each (zps None when symmetric)
-    x = w.reshape(-1, INT4_GROUP)
-    units = error_units(scales[0].float(), INT4_SHIFT)
-    weights = int4_group_weights(channel_weights, n, k, w.device)
-    count = scales.shape[1]
-    index = torch.arange(len(ROW_MULTIPLIERS), device=w.device)[:, None].expand(-1, count)
-
-    def evaluate(xs, x64, c, sl):
-        i = int(c[0]) if c.numel() else 0
-        s = scales[i, sl]
-        z = None if zps is None else zps[i, sl]
-        v = ct_int4_codes(xs, s[:, None], None if z is None else z[:, None]).float()
-        if z is not None:
-            v = v - z.float()[:, None]
-        return group_error(x64, v, s.double(), units[sl], None if weights is None else weights(sl))
-
-    best = search(x, index, None, evaluate)[None, :]
-    s = scales.gather(0, best)[0].reshape(n, k // INT4_GROUP)
-    return s, None if zps is None else zps.gather(0, best)[0].reshape(n, k // INT4_GROUP)
-
-
 # -- NVFP4 16-groups -------------------------------------------------------------------------
 def _e4m3(codes: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.uint8).view(torch.float8_e4m3fn)
 
 
-def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor, channel_weights: torch.Tensor | None = None) -> torch.Tensor:
+def nvfp4_code_steps(weighted: bool) -> tuple[int, ...]:
+    """The NVFP4 search's candidates as e4m3 code steps from RTN's code, scanned in order (0 first)."""
+    return NVFP4_WEIGHTED_CODE_STEPS if weighted else NVFP4_CODE_STEPS
+
+
+def nvfp4_block_scales(w: torch.Tensor, wsf2: torch.Tensor, channel_weights: torch.Tensor | None = None,
+                       steps: tuple[int, ...] | None = None) -> torch.Tensor:
     """Searched e4m3 ``[N, K/16]`` block scales of ``w`` [N, K] against the global scale ``wsf2``
-    (weighted by ``channel_weights`` [K] when given)."""
+    (weighted by ``channel_weights`` [K] when given); `steps`: the candidates (default
+    :func:`nvfp4_code_steps` of whether it is weighted)."""
     n, k = w.shape
     rtn = block_scales(w, wsf2).reshape(-1)
     code0 = rtn.view(torch.uint8).long()
-    steps = torch.tensor(NVFP4_CODE_STEPS, device=w.device)
-    codes = code0[None, :] + steps[:, None]  # [6, G]
+    cw = check_weights(channel_weights, k)
+    steps = torch.tensor(nvfp4_code_steps(cw is not None) if steps is None else steps, device=w.device)
+    codes = code0[None, :] + steps[:, None]  # [C, G]
     valid = (codes >= E4M3_CODE_MIN) & (codes <= E4M3_CODE_MAX)
     codes = codes.clamp(E4M3_CODE_MIN, E4M3_CODE_MAX)
     x = w.float().reshape(-1, NVFP4_GROUP)
     w64 = wsf2.double()
     units = error_units(rtn.float() * wsf2, NVFP4_SHIFT)
-    cw = check_weights(channel_weights, k)
     groups = None if cw is None else normalized(cw, NVFP4_GROUP, w.device).reshape(k // NVFP4_GROUP, NVFP4_GROUP)
 
     def evaluate(xs, x64, code, sl):
@@ -325,5 +307,4 @@ def quantize_nvfp4(scheme: Nvfp4, w: torch.Tensor, global_amax: torch.Tensor | N
     return out
 
 
-__all__ = ["search", "group_error", "quantize_blocks", "quantize_rows", "quantize_nvfp4", "quantize_int4", "int4_group_scales",
-           "ct_int4_search"]
+__all__ = ["search", "group_error", "nvfp4_code_steps", "quantize_blocks", "quantize_rows", "quantize_nvfp4", "quantize_int4", "int4_group_scales"]

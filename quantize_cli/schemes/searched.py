@@ -19,15 +19,14 @@ from .int8 import Int8PerChannel
 from .nvfp4 import Nvfp4
 
 METHODS = ("none", "mse")
-SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block, Int4Group)  # + compressed-tensors' INT4 (searchable())
+SEARCHABLE = (Nvfp4, Int8PerChannel, Fp8PerChannel, Fp8Block, Int4Group)
 
 
-def searchable() -> tuple[type, ...]:
-    """The scheme classes with a search: :data:`SEARCHABLE` and compressed-tensors' W4A16 / W4A16_ASYM
-    (imported here, not at module level: formats import schemes)."""
-    from ..formats.ct_int4 import CtInt4
-
-    return SEARCHABLE + (CtInt4,)
+def searchable(scheme: Scheme) -> bool:
+    """Whether `scheme` has a search: one of :data:`SEARCHABLE`, or a format's own scheme that brings
+    its own (``search_quantize(w, channel_weights)``: compressed-tensors' W4A16 / W4A16_ASYM; the
+    format rooms import schemes, not the other way)."""
+    return isinstance(scheme, SEARCHABLE) or callable(getattr(scheme, "search_quantize", None))
 
 
 @dataclass(frozen=True)
@@ -74,13 +73,13 @@ class Searched(Scheme):
     def quantize(self, w, global_amax=None, channel_weights=None):
         """`base`'s tensors with searched scales; `channel_weights` ``[K]`` (fp32 ``E[x_j^2]`` of the
         calibration inputs, :mod:`.weighted`) weights each input channel's error, None: all alike."""
-        from ..formats.ct_int4 import CtInt4
-        from .search import ct_int4_search, quantize_blocks, quantize_int4, quantize_nvfp4, quantize_rows
+        from .search import quantize_blocks, quantize_int4, quantize_nvfp4, quantize_rows
 
+        own = getattr(self.base, "search_quantize", None)
+        if own is not None:  # a format's own scheme (compressed-tensors W4A16 / W4A16_ASYM)
+            return own(w, channel_weights)
         if isinstance(self.base, Int4Group):
             return quantize_int4(w, channel_weights)
-        if isinstance(self.base, CtInt4):  # compressed-tensors W4A16 / W4A16_ASYM
-            return self.base.quantize_with(w, *ct_int4_search(w, self.base.symmetric, channel_weights))
         if isinstance(self.base, Nvfp4):
             return quantize_nvfp4(self.base, w, global_amax, channel_weights)
         if isinstance(self.base, Fp8Block):
@@ -95,7 +94,7 @@ def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
         raise UsageError(f"--scale-search {method!r}: choose none or mse")
     if method == "none":
         return scheme
-    if not isinstance(scheme, searchable()):
+    if not searchable(scheme):
         raise UsageError(f"--scale-search mse --algo {scheme.algo}: this format's scales are not searched (only NVFP4, "
                          "W4A16_NVFP4, INT8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, INT4 and INT4_ASYM have a search); drop it")
     return Searched(**{f.name: getattr(scheme, f.name) for f in fields(Scheme)}, base=scheme, scale_search=method)

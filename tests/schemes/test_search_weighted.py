@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from quantize_cli.schemes import SCHEMES
 from quantize_cli.schemes.numerics import e2m1_values, unpack_nibbles
-from quantize_cli.schemes.search import NVFP4_CODE_STEPS, NVFP4_SHIFT, ROW_MULTIPLIERS, ROW_SHIFT, nvfp4_payload
+from quantize_cli.schemes.search import (NVFP4_CODE_STEPS, NVFP4_SHIFT, NVFP4_WEIGHTED_CODE_STEPS, ROW_MULTIPLIERS, ROW_SHIFT,
+                                         nvfp4_block_scales, nvfp4_payload)
 from quantize_cli.schemes.searched import with_scale_search
 from quantize_cli.schemes.nvfp4 import block_scales, global_scale
 from tests.conftest import assert_same_bytes
@@ -79,11 +80,12 @@ def test_weighted_error_never_above_round_to_nearest(algo, case):
 
 
 def nvfp4_candidates(w, wsf2, cw):
-    """[6, G] fp64 weighted error of every candidate code, and [6, G] validity, computed directly."""
+    """[C, G] fp64 weighted error of every candidate code of the weighted search, and [C, G] validity,
+    computed directly."""
     n, k = w.shape
     code0 = block_scales(w, wsf2).view(torch.uint8).long()
     errs, valid = [], []
-    for step in NVFP4_CODE_STEPS:
+    for step in NVFP4_WEIGHTED_CODE_STEPS:
         code = code0 + step
         valid.append(((code >= 1) & (code <= 126)).reshape(-1))
         bs8 = code.clamp(1, 126).to(torch.uint8).view(torch.float8_e4m3fn)
@@ -125,9 +127,16 @@ def test_int8_choice_is_the_oracle_minimum():
 @pytest.mark.parametrize("algo", ALGOS + ("NVFP4",))
 @pytest.mark.parametrize("value", [1.0, 7.3, 1e-30, 3e8])
 def test_equal_weights_are_the_unweighted_search(algo, value):
+    """Equal weights choose what the unweighted error chooses among the same candidates (NVFP4: the
+    weighted search's wider list; the data-free search scans the first six of it)."""
     w = torch.randn(130, 272, generator=torch.Generator().manual_seed(2)).bfloat16()
     s = with_scale_search(SCHEMES[algo], "mse")
     a, b = s.quantize(w, None, torch.full((272,), value)), s.quantize(w)
+    if algo in ("NVFP4", "W4A16_NVFP4"):
+        wsf2 = b["weight_scale_2"]
+        b = {**b, "weight_scale": nvfp4_block_scales(w, wsf2, None, NVFP4_WEIGHTED_CODE_STEPS)}
+        b["weight"] = nvfp4_payload(w, b["weight_scale"], wsf2)
+        assert NVFP4_WEIGHTED_CODE_STEPS[:len(NVFP4_CODE_STEPS)] == NVFP4_CODE_STEPS
     for key in b:
         assert_same_bytes(a[key], b[key], f"{algo} {key}")
 
