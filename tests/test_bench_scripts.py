@@ -51,3 +51,30 @@ def test_every_bench_subprocess_has_a_timeout(script):
             if not any(k.arg == "timeout" for k in node.keywords):
                 bad.append(f"{script}:{node.lineno}")
     assert not bad, f"a bench subprocess without timeout= (or use bench/proc.py's run): {bad}"
+
+
+def _top_level_names(path: str) -> set[str]:
+    names = set()
+    for node in ast.parse(open(path).read(), path).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bench_imports_from_sibling_scripts_exist(script):
+    """``from calib_accuracy import act_nvfp4`` outlived the function it named (two scripts failed at
+    import on the day they were needed): every name a bench script imports from another bench script
+    is defined at that script's top level."""
+    tree = ast.parse(open(os.path.join(BENCH, script)).read(), script)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level and f"{node.module}.py" in SCRIPTS:
+            defined = _top_level_names(os.path.join(BENCH, f"{node.module}.py"))
+            bad += [f"{script}:{node.lineno} {node.module}.{a.name}" for a in node.names if a.name not in defined]
+    assert not bad, f"imported from a bench script that does not define it: {bad}"
