@@ -222,7 +222,8 @@ def estimate(a) -> None:
     cos = json.load(open(os.path.join(a.work, "cosines.json")))
     saved = {n: m.weight.data.clone() for n, m in lins.items()}
     for algo, sym in (("INT4", True), ("INT4_ASYM", False)):
-        for label, grid in (("rtn", [1.0]), ("searched", SHRINK)):
+        grids = (("rtn", [1.0]), ("searched", SHRINK)) + ((("grid", a.grid),) if a.grid else ())
+        for label, grid in grids:
             with torch.no_grad():
                 for n, m in lins.items():
                     cw = (sq[n] / max(count[n], 1)).float()[None, :]
@@ -293,6 +294,8 @@ def table(a) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["ours", "embed", "table", "estimate"])
+    p.add_argument("--grid", type=lambda v: [float(x) for x in v.split(",")],
+                   help="estimate: also this list of range factors (comma-separated, 1.0 first)")
     p.add_argument("--model")
     p.add_argument("--work", default="/tmp/int4-mini")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
