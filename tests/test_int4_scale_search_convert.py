@@ -25,17 +25,10 @@ OUTPUTS = [("INT4", "modelopt"), ("INT4", "compressed-tensors"), ("INT4_ASYM", "
 def wide(tmp_path_factory):
     """A 1-layer Llama whose Linears have K = 128 or 256 (whole INT4 groups), saved in fp32
     (compressed-tensors' scales take the source dtype), and its calibration .jsonl."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from tests.calibration import builders
 
     folder = tmp_path_factory.mktemp("int4-mse")
-    torch.manual_seed(2)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=builders.VOCAB, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.model.layers[0].input_layernorm.weight[[3, 17]] *= 30  # outlier channels, as real LLMs have
+    model = builders.wide_llama(1, seed=2)
     src = str(folder / "src")
     model.save_pretrained(src, max_shard_size="200KB")
     builders.tokenizer(src)

@@ -27,6 +27,7 @@ import os
 from ..algorithms import ALGORITHMS, FP8_BLOCK
 from ..errors import UsageError
 from ..jsonfile import read_json_or_none
+from ..schemes.searched import searchable
 from .base import Format, Served
 from .ct_int4 import CtInt4
 from .ct_mxfp8 import CtMxfp8
@@ -55,8 +56,6 @@ CT_SCHEMES: dict[str, CtScheme] = {s.algo: s for s in (
     _ct(CtInt4, "INT4_ASYM", "W4A16_ASYM", row_align=8, symmetric=False),  # zero points of eight rows per int32
 )}
 
-SEARCHED = ("INT4", "INT4_ASYM")  # --scale-search mse: llm-compressor's mse observer's grids (schemes/search.py)
-
 # vLLM 0.33 serves every preset per Linear and per MoE layer, alone or mixed (vllm_ct.VLLM_CT).
 SERVED = {algo: Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True) for algo in VLLM_CT}
 
@@ -83,7 +82,8 @@ class CompressedTensors(Format):
         return None
 
     def scale_search_problem(self, method: str, algo: str | None = None):
-        if (method or "none").lower() != "none" and algo not in SEARCHED:
+        # a preset is searched where its scheme brings its own search (CtInt4.search_quantize)
+        if (method or "none").lower() != "none" and not (algo in CT_SCHEMES and searchable(CT_SCHEMES[algo])):
             return (f"--scale-search {method} --format {self.name}: searched scales are written in the ModelOpt format "
                     "only for now (compressed-tensors: INT4 and INT4_ASYM); drop --scale-search or use --format modelopt")
         return None

@@ -41,6 +41,21 @@ def llama(folder: str, seed: int = 0) -> str:
     return save(LlamaForCausalLM(cfg), folder)
 
 
+def wide_llama(layers: int, seed: int):
+    """An unsaved Llama whose Linears have K = 128 or 256 (whole INT4 groups of 128), with two
+    outlier channels in every input norm, as real LLMs have."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[[3, 17]] *= 30
+    return model
+
+
 def qwen3_moe(folder: str, seed: int = 0) -> str:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 

@@ -21,17 +21,8 @@ from tests.test_resume import interrupt_after
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A 2-layer Llama whose Linears have K = 128 or 256: whole INT4 groups of 128."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     folder = tmp_path_factory.mktemp("gptq-wide")
-    torch.manual_seed(1)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=builders.VOCAB, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.input_layernorm.weight[[3, 17]] *= 30  # outlier channels, as real LLMs have
-    return builders.save(model, str(folder / "src")), calib_jsonl(folder / "calib.jsonl")
+    return builders.save(builders.wide_llama(2, seed=1), str(folder / "src")), calib_jsonl(folder / "calib.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -96,3 +96,12 @@ def reference(scheme, w: torch.Tensor, global_amax: torch.Tensor | None = None, 
     if channel_weights is not None:  # a searched scheme's activation weights
         return scheme.quantize(w.detach().cpu(), g, channel_weights.detach().cpu())
     return scheme.quantize(w.detach().cpu(), g)
+
+
+def channel_weights(k: int, seed: int, device) -> torch.Tensor:
+    """Weights like a calibration's E[x_j^2]: a wide range, exact zeros, one massive channel."""
+    g = torch.Generator().manual_seed(seed)
+    cw = torch.exp2(torch.randn(k, generator=g) * 6)
+    cw[torch.rand(k, generator=g) < 0.1] = 0.0
+    cw[k // 3] = 3e7
+    return cw.to(device)

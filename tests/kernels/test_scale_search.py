@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import assert_same, reference, weight
+from kernel_helpers import assert_same, channel_weights, reference, weight
 
 from quantize_cli import kernels
 from quantize_cli.schemes import SCHEMES
@@ -72,15 +72,6 @@ def test_stack_equals_items(make_weight):
 
 
 # -- activation-weighted search (channel_weights): the same bytes as the reference ----------------
-def channel_weights(k: int, seed: int, device) -> torch.Tensor:
-    """Weights like a calibration's E[x_j^2]: a wide range, exact zeros, one massive channel."""
-    g = torch.Generator().manual_seed(seed)
-    cw = torch.exp2(torch.randn(k, generator=g) * 6)
-    cw[torch.rand(k, generator=g) < 0.1] = 0.0
-    cw[k // 3] = 3e7
-    return cw.to(device)
-
-
 def check_weighted(algo, w, cw, gamax=None):
     out = kernels.quantize(SEARCHED[algo], w, gamax, channel_weights=cw)
     assert_same(out, reference(SEARCHED[algo], w, gamax, cw), f"weighted {algo} {tuple(w.shape)} {w.dtype}")

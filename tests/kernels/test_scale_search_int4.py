@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import assert_same, reference, weight
+from kernel_helpers import assert_same, channel_weights, reference, weight
 
 from quantize_cli import kernels
 from quantize_cli.schemes import SCHEMES
@@ -23,15 +23,6 @@ CASES = [
     ((2, 128), torch.float16),  # one group per row
     ((34, 256), torch.float32),  # 68 groups: five programs
 ]
-
-
-def channel_weights(k: int, seed: int, device) -> torch.Tensor:
-    """Like a calibration's E[x_j^2]: a wide range, exact zeros, one massive channel."""
-    g = torch.Generator().manual_seed(seed)
-    cw = torch.exp2(torch.randn(k, generator=g) * 6)
-    cw[torch.rand(k, generator=g) < 0.1] = 0.0
-    cw[k // 3] = 3e7
-    return cw.to(device)
 
 
 def check(w, cw=None):

@@ -25,6 +25,7 @@ from quantize_cli.schemes.numerics import scale_from_amax
 from quantize_cli.schemes.search import INT4_SHIFT, ROW_MULTIPLIERS
 from quantize_cli.schemes.searched import with_scale_search
 from tests.conftest import assert_same_bytes
+from tests.schemes.test_search_weighted import awkward_channel_weights, awkward_weight
 
 VARIANTS = {"INT4": SCHEMES["INT4"], "ct-INT4": CT_SCHEMES["INT4"], "ct-INT4_ASYM": CT_SCHEMES["INT4_ASYM"]}
 
@@ -63,16 +64,10 @@ def cases(draw):
     """A weight [N, K] (N a multiple of 8, K of 128) with awkward content, and channel weights (or None)."""
     n, k = 8 * draw(st.integers(1, 3)), 128 * draw(st.integers(1, 3))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    w = torch.randn(n, k, generator=g) ** draw(st.sampled_from([1, 3]))
-    w = w * torch.exp2(torch.randint(-20, 10, (n, 1), generator=g).float())
+    w = awkward_weight(draw, g, n, k)
     if draw(st.booleans()):
         w = w.abs() * draw(st.sampled_from([1.0, -1.0]))  # one-signed groups: the asymmetric zero point at an edge
-    cw = None
-    if draw(st.booleans()):
-        cw = torch.exp2(torch.randn(k, generator=g) * 4)
-        cw[torch.rand(k, generator=g) < 0.1] = 0.0
-        if draw(st.booleans()):
-            cw[torch.randint(0, k, (1,), generator=g)] = 1e7  # a massive-activation channel
+    cw = awkward_channel_weights(draw, g, k) if draw(st.booleans()) else None
     dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
     return w.to(dtype), cw
 

@@ -53,17 +53,27 @@ def resolution(algo, shape, s_rtn, top):
     return length * s_rtn**2 * 2.0**-shift * top
 
 
+def awkward_weight(draw, g: torch.Generator, n: int, k: int) -> torch.Tensor:
+    """fp32 [N, K]: heavy tails (cubed normals) and row magnitudes from 2^-20 to 2^9."""
+    w = torch.randn(n, k, generator=g) ** draw(st.sampled_from([1, 3]))
+    return w * torch.exp2(torch.randint(-20, 10, (n, 1), generator=g).float())
+
+
+def awkward_channel_weights(draw, g: torch.Generator, k: int) -> torch.Tensor:
+    """[K] like a calibration's E[x_j^2]: a wide range, 10% zeros, maybe one massive channel."""
+    cw = torch.exp2(torch.randn(k, generator=g) * 4)
+    cw[torch.rand(k, generator=g) < 0.1] = 0.0
+    if draw(st.booleans()):
+        cw[torch.randint(0, k, (1,), generator=g)] = 1e7  # a massive-activation channel
+    return cw
+
+
 @st.composite
 def weighted_cases(draw):
     """A weight [N, K] with awkward content and channel weights with a wide range, zeros and a massive channel."""
     n, k = draw(st.integers(1, 6)), 16 * draw(st.integers(1, 10))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    w = torch.randn(n, k, generator=g) ** draw(st.sampled_from([1, 3]))
-    w = w * torch.exp2(torch.randint(-20, 10, (n, 1), generator=g).float())
-    cw = torch.exp2(torch.randn(k, generator=g) * 4)
-    cw[torch.rand(k, generator=g) < 0.1] = 0.0
-    if draw(st.booleans()):
-        cw[torch.randint(0, k, (1,), generator=g)] = 1e7  # a massive-activation channel
+    w, cw = awkward_weight(draw, g, n, k), awkward_channel_weights(draw, g, k)
     dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
     return w.to(dtype), cw
 
