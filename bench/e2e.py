@@ -15,6 +15,10 @@ measures:
   NVFP4: NVFP4A16) and each worker count, as a whole process.
 
 Every run ends with ``sync``: the bytes are on disk. Prints a markdown table; ``--json`` saves all.
+``--baseline DIR`` times a second checkout right after ours (before/after a change, same run).
+Python's bytecode should be cached as an installed package has it: the GPU machines ship torch
+without ``.pyc`` files and set ``PYTHONDONTWRITEBYTECODE``, which costs every process seconds of
+compiling; ``bench/pipeline_profile.sh`` and ``gpu_batch.sh e2e`` set ``PYTHONPYCACHEPREFIX`` first.
 Needs root for ``/proc/sys/vm/drop_caches`` in the cold phase.
 
     python bench/e2e.py --json /tmp/e2e.json                      # GPU machine, full
@@ -226,11 +230,11 @@ class Bench:
         self.record(phase, "naive serial pipeline (torch, FP8 block)", "FP8_PB_WO", self.timed(phase, run))
         shutil.rmtree(out)
 
-    def child(self, phase: str, kind: str, algo: str, workers: int = 1) -> int:
+    def child(self, phase: str, kind: str, algo: str, workers: int = 1, tree: str = ROOT) -> int:
         dst = os.path.join(self.a.work, f"out-{kind}-{algo}-{workers}")
         py = sys.executable if kind == "quantize" else (self.a.llmc_python or sys.executable)
         arg = algo if kind == "quantize" else LLMC_SCHEME[algo]
-        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "PYTHONPATH": tree + os.pathsep + os.environ.get("PYTHONPATH", "")}
         info = {}
 
         report = os.path.join(self.a.work, f"report-{algo}.json")
@@ -241,7 +245,7 @@ class Bench:
                        self.a.device, "--memory-budget", self.a.budget, "--overwrite", "--quiet", "--report", report]
             else:
                 cmd = [py, "-c", _CHILD, kind, self.src, dst, arg, self.a.device, str(workers), self.a.budget]
-            p = proc.run(cmd, capture_output=True, text=True, env=env)
+            p = proc.run(cmd, capture_output=True, text=True, env=env, cwd=tree)  # cwd: `-m` puts it first on sys.path
             if p.returncode:
                 raise RuntimeError(f"{kind} {algo} failed:\n{p.stderr[-3000:]}")
             if kind == "quantize":
@@ -259,7 +263,9 @@ class Bench:
             self.res.setdefault("errors", []).append(str(exc)[:2000])
             return 0
         out = du(dst)
-        label = "quantize convert" if kind == "quantize" else f"llm-compressor {arg}, {workers} worker(s)"
+        label = f"llm-compressor {arg}, {workers} worker(s)"
+        if kind == "quantize":
+            label = "quantize convert" if tree == ROOT else "quantize convert (baseline)"
         self.record(phase, label, algo, secs, out_GB=out / 1e9, **info)
         shutil.rmtree(dst, ignore_errors=True)
         return out
@@ -284,7 +290,11 @@ class Bench:
             pass
         algos = self.a.algos.split(",")
         for phase in self.a.phases.split(","):
-            outs = {algo: self.child(phase, "quantize", algo) for algo in algos}
+            outs = {}
+            for algo in algos:  # this checkout and the baseline one after the other, on the same page cache state
+                outs[algo] = self.child(phase, "quantize", algo)
+                if self.a.baseline:
+                    self.child(phase, "quantize", algo, tree=os.path.abspath(self.a.baseline))
             self.floors(phase, {a: n for a, n in outs.items() if n})
             if not self.a.skip_naive:
                 self.naive(phase)
@@ -303,7 +313,8 @@ def table(res: dict) -> str:
         lines.append(f"| {r['phase']} | {r['what']} | {r['algo']} | {r['s']:.2f} | {r['input_GBps']:.2f} | "
                      f"{r.get('rss_GB', 0):.2f} | {r.get('gpu_GB', 0):.2f} |")
     lines += ["", "| phase | algo | ours s (whole process) | in-process s | floor s | whole / floor (speed) | in-process / floor | "
-              "peak RSS GB | best llm-compressor s | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "peak RSS GB | best llm-compressor s | speed-up | baseline s | baseline / floor |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for phase in dict.fromkeys(r["phase"] for r in res["runs"]):
         for algo in dict.fromkeys(r["algo"] for r in res["runs"] if r["what"] == "quantize convert"):
             pick = [r for r in res["runs"] if r["phase"] == phase and r["algo"] == algo]
@@ -311,10 +322,11 @@ def table(res: dict) -> str:
             ours, inner = mine.get("s"), mine.get("inner_s") or 0
             floor = next((r["s"] for r in pick if r["what"].startswith("I/O floor")), None)
             peer = min((r["s"] for r in pick if r["what"].startswith("llm-compressor")), default=None)
+            base = next((r["s"] for r in pick if r["what"] == "quantize convert (baseline)"), None)
             if ours:
                 lines.append(f"| {phase} | {algo} | {ours:.2f} | {inner:.2f} | {floor or 0:.2f} | {(floor or 0) / ours:.0%} | "
                              f"{(floor or 0) / inner if inner else 0:.0%} | {mine.get('rss_GB', 0):.2f} | {peer or 0:.2f} | "
-                             f"{(peer / ours) if peer else 0:.2f}x |")
+                             f"{(peer / ours) if peer else 0:.2f}x | {base or 0:.2f} | {(floor or 0) / base if base else 0:.0%} |")
     return "\n".join(lines)
 
 
@@ -332,6 +344,7 @@ def main() -> None:
     p.add_argument("--llmc-python", help="python of a venv with llmcompressor (default: this one)")
     p.add_argument("--workers", default="1,4")
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--baseline", help="another checkout (e.g. a `git archive` of main) timed right after ours, same phase")
     p.add_argument("--json")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)

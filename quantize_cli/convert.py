@@ -111,7 +111,10 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
         if opts.dry_run:
             print_plan(plan, opts.strict)
         raise_problems(plan, opts.strict, getattr(con, "warned", ()))
-        if not early:
+        resolution = None
+        if not early and _copies_ahead(opts, finished):  # torch loads on a thread while the verbatim tensors are copied (_write)
+            resolution = startup.resolve_ahead(how, opts, ok.format)
+        elif not early:
             how = resolve_run(how, opts, ok.format)  # the device through torch (not for a dry run that needs none)
             options = {**identity.report_options(), **_run_settings(opts, how)}
     except QuantizeError as exc:
@@ -119,7 +122,7 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
         raise
     if opts.dry_run:
         return ConvertResult(plan, None, report.write(run_report(plan, options, None, timings, None, status="dry-run")))
-    if not early:
+    if not early and resolution is None:
         startup.warm(how)  # the CUDA context and the kernels of each device, beside the work folder's start
     if finished:
         path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
@@ -132,7 +135,7 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
         con.info(note)
     try:
-        work, stats, verified, evaluated = _write(opts, ok, how, plan, identity, options, timings, t0, report, con)
+        work, stats, verified, evaluated = _write(opts, ok, resolution or how, plan, identity, options, timings, t0, report, con)
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     doc = run_report(plan, options, stats, timings, work.dst)
@@ -182,12 +185,33 @@ def _run_settings(opts: ConvertOptions, how: RunChecked) -> dict:
     return {"device": device, "memory_budget": str(opts.memory_budget), "kernels": how.kernels, "executor": opts.executor}
 
 
-def _context(opts: ConvertOptions, ok: Checked, how: RunChecked, plan: Plan, con: Console) -> RunContext:
+def _context(opts: ConvertOptions, ok: Checked, how: RunChecked, plan: Plan, con: Console, copied=frozenset()) -> RunContext:
     # A Hub source read by workers: at the revision the plan pinned (a moving branch must not change the bytes)
     pinned = getattr(plan.source, "revision", None) or opts.revision
     hub = (opts.src, pinned, opts.low_disk) if ok.on_hub and (opts.low_disk or opts.executor == "ray") else None
     return RunContext(how.device, ok.budget, how.kernels, measure=bool(opts.report), hub=hub, ray_device=how.ray_device,
-                      ray_address=opts.ray_address, quiet=con.quiet, info=con.info, warn=con.warn)
+                      ray_address=opts.ray_address, quiet=con.quiet, info=con.info, warn=con.warn, copied_ahead=frozenset(copied))
+
+
+def _copies_ahead(opts: ConvertOptions, finished: bool) -> bool:
+    """The verbatim tensors are copied while torch loads (run/copy_ahead.py): a local run that
+    writes bytes (not a dry run, nor the retry of a finished DST)."""
+    return opts.executor == "local" and not opts.dry_run and not finished and not opts.low_disk
+
+
+def _copy_while_resolving(resolution, plan: Plan, work: WorkFolder, done: set[int], opts: ConvertOptions, options: dict):
+    """``(resolved run options, Copied)``: copy tasks until the device is ready, then its result.
+    A device refusal found now keeps an earlier run's work folder for the retry (it was resumed)."""
+    from .run.copy_ahead import copy_ahead
+
+    copied = copy_ahead(plan, work.partial, work.journal, done, resolution.done)
+    try:
+        how = resolution.result()
+    except QuantizeError as exc:
+        exc.resumable = getattr(exc, "resumable", False) or bool(done)
+        raise
+    options.update(_run_settings(opts, how))
+    return how, copied
 
 
 def _executor(name: str):
@@ -207,10 +231,13 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
     from .output.card import card_facts, card_text
 
     work = WorkFolder(opts.dst, src_root=plan.source.root or None, overwrite=opts.overwrite)
-    stats = None
+    stats = copied = None
     try:
-        ctx = _context(opts, ok, how, plan, con)
         done = work.open(identity, plan, opts.resume, con.info)
+        if isinstance(how, startup.Resolution):  # the device is still being resolved: copy what needs no torch meanwhile
+            how, copied = _copy_while_resolving(how, plan, work, done, opts, options)
+            done = done | copied.tasks
+        ctx = _context(opts, ok, how, plan, con, copied.tasks if copied else frozenset())
         if ctx.hub:  # the driver fetches the Hub source's small files; workers fetch their shards
             plan = _with_hub_sidecars(plan, work, ctx.hub)
         stats = _executor(opts.executor).produce(plan, work, done, ctx)
@@ -222,6 +249,8 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         work.finish(plan)
         timings["convert_s"] = time.perf_counter() - t0 - timings["plan_s"]
         timings["stages_s"] = getattr(stats, "stages", {})
+        if copied is not None and copied.tasks:
+            timings["stages_s"]["copy_ahead"] = round(copied.seconds, 3)
         verified = None
         if opts.verify:
             on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk

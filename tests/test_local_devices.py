@@ -177,3 +177,31 @@ def test_gpu_pipelines_write_the_bytes_of_the_cpu_reference(sources, tmp_path):
         assert output_files(tmp_path / f"gpu-{algo}") == output_files(tmp_path / f"cpu-{algo}")
         assert checksums(tmp_path / f"gpu-{algo}") == checksums(tmp_path / f"cpu-{algo}")
         assert {s["pipeline"] for s in res.report["devices"]["shards"]} == {0, 1}
+
+
+def test_the_pipelines_of_one_process_keep_one_pinned_pool_for_them_all(sources, tmp_path, monkeypatch):
+    """torch's pinned pool is one per process: each of N streams trims it against all N streams'
+    bytes in flight, not its own share (its own share emptied the pool the others were reusing,
+    before every read: 2-4 GPUs ran slower than one, issue 34)."""
+    import torch
+
+    from quantize_cli.run import host_memory
+    from quantize_cli.run.shard_stream import ShardStream
+
+    limits = []
+    real = host_memory.PinnedPool.__init__
+
+    def record(self, device, limit):
+        limits.append(limit)
+        real(self, device, limit)
+
+    monkeypatch.setattr(host_memory.PinnedPool, "__init__", record)
+    plan = prepare(sources["dense"], "FP8_PB_WO", max_shard_size=SHARD)
+    unit = next(u for u in partition(plan) if u.bytes_in)
+    for share in (1, 3):  # a budget under this process's RSS: each stream gets the in-flight floor / share
+        os.makedirs(tmp_path / str(share))
+        stream = ShardStream(plan, str(tmp_path / str(share)), torch.device("cpu"), 64 << 20, share=share)
+        stream.submit(unit).result(timeout=120)
+        stream.close()
+    one, three = limits
+    assert three == 3 * (one // 3)  # three streams' bytes in flight together (was one stream's: one // 3)

@@ -214,3 +214,27 @@ def shard_header(tensors: list) -> bytes:
     raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     return len(raw).to_bytes(8, "little") + raw
+
+
+def read_bytes_into(info: TensorInfo, out: memoryview, start: int = 0, length: int | None = None) -> None:
+    """Read `length` bytes of `info` (from byte `start` within the tensor) into `out`.
+    (Torch-free: the torch-free copy of verbatim tensors while torch loads, run/copy_ahead.py.)"""
+    length = info.nbytes - start if length is None else length
+    try:
+        fd = os.open(info.path, os.O_RDONLY)
+    except OSError as exc:
+        raise SourceError(f"{info.path}: cannot open to read {info.name!r} ({exc.strerror}); was the source changed during the run?") from exc
+    try:
+        got = 0
+        while got < length:
+            try:
+                n = os.preadv(fd, [out[got:length]], info.offset + start + got)
+            except OSError as exc:
+                raise SourceError(f"{info.path}: read error in {info.name!r} ({exc.strerror}); check the disk and re-download the file") from exc
+            if n == 0:
+                raise SourceError(
+                    f"{info.path}: unexpected end of file while reading {info.name!r}; the file was truncated during the run; re-download it"
+                )
+            got += n
+    finally:
+        os.close(fd)

@@ -22,6 +22,7 @@ from .safetensors_header import (  # noqa: F401  (re-exported: one import for th
     Header,
     TensorInfo,
     nbytes_of,
+    read_bytes_into,
     read_header,
 )
 
@@ -39,29 +40,6 @@ def torch_dtype(st_dtype: str) -> torch.dtype:
 def st_dtype(dtype: torch.dtype) -> str:
     """The safetensors dtype name of a torch dtype (``torch.float8_e4m3fn`` -> ``"F8_E4M3"``)."""
     return _TORCH_TO_ST[str(dtype).removeprefix("torch.")]
-
-
-def read_bytes_into(info: TensorInfo, out: memoryview, start: int = 0, length: int | None = None) -> None:
-    """Read `length` bytes of `info` (from byte `start` within the tensor) into `out`."""
-    length = info.nbytes - start if length is None else length
-    try:
-        fd = os.open(info.path, os.O_RDONLY)
-    except OSError as exc:
-        raise SourceError(f"{info.path}: cannot open to read {info.name!r} ({exc.strerror}); was the source changed during the run?") from exc
-    try:
-        got = 0
-        while got < length:
-            try:
-                n = os.preadv(fd, [out[got:length]], info.offset + start + got)
-            except OSError as exc:
-                raise SourceError(f"{info.path}: read error in {info.name!r} ({exc.strerror}); check the disk and re-download the file") from exc
-            if n == 0:
-                raise SourceError(
-                    f"{info.path}: unexpected end of file while reading {info.name!r}; the file was truncated during the run; re-download it"
-                )
-            got += n
-    finally:
-        os.close(fd)
 
 
 def read_tensor(info: TensorInfo, start_row: int = 0, rows: int | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import shutil
+import threading
 
 from ..errors import DestinationError
 from .durable import write_atomic
@@ -73,6 +74,7 @@ class ShardWriter:
         self._data_start: dict[int, int] = {}
         self._dirty: collections.deque = collections.deque()
         self._dirty_bytes = 0
+        self._dirty_lock = threading.Lock()  # several write lanes (run/pipeline.py) share one writer
 
     def paths(self) -> list[str]:
         return [os.path.join(self.folder, n) for n in self.shard_names]
@@ -102,11 +104,16 @@ class ShardWriter:
 
     def _writeback(self, fd: int, pos: int, length: int) -> None:
         _start_writeback(fd, pos, length)
-        self._dirty.append((fd, pos, length))
-        self._dirty_bytes += length
-        while self._dirty_bytes > DIRTY_LIMIT:
-            old_fd, old_pos, old_len = self._dirty.popleft()
-            self._dirty_bytes -= old_len
+        while True:
+            with self._dirty_lock:  # the wait itself runs unlocked: other lanes go on writing meanwhile
+                if length:
+                    self._dirty.append((fd, pos, length))
+                    self._dirty_bytes += length
+                    length = 0
+                if self._dirty_bytes <= DIRTY_LIMIT or not self._dirty:
+                    return
+                old_fd, old_pos, old_len = self._dirty.popleft()
+                self._dirty_bytes -= old_len
             _wait_writeback(old_fd, old_pos, old_len)
 
     def data_start(self, shard: int) -> int:

@@ -4,12 +4,12 @@ Three stages, each owning one thing, connected by byte budgets:
 
 * the schedule (:mod:`~quantize_cli.run.schedule`) turns every task into steps, each naming the
   reads it consumes, once and before any read;
-* the read stage (:class:`~quantize_cli.run.pipeline.ReadStage`) performs exactly those reads, in
-  order, ahead of the compute (``overlap=True``: a background thread);
+* the read stage (:class:`~quantize_cli.run.pipeline.ReadStage`) performs exactly those reads ahead
+  of the compute (``overlap=True``: several background threads), handing them over in order;
 * the compute stage (:class:`~quantize_cli.run.compute.ComputeStage`) runs the steps: amax,
   quantization, packing, NaN checks;
 * the write stage (:class:`~quantize_cli.run.pipeline.AsyncWriter`) writes at planned offsets behind
-  the compute and digests every task for the resume journal.
+  the compute, on several lanes, and digests every task for the resume journal.
 
 Memory stays bounded whatever the model size: copies move in fixed-size chunks, large weights are
 quantized in row chunks, and every byte in flight counts against ``budget_bytes``. The bytes
@@ -28,6 +28,7 @@ from .compute import ComputeStage, ErrorStats, RunStats
 from ..modules.experts import read_rows
 from .host_memory import PinnedPool, inflight_limit, startup_baseline, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
+from .context import io_threads
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
 from ..plan.build import Plan, Task
 from .schedule import CHUNK_BYTES, COPY_CHUNK, HOLD_BYTES, Schedule  # noqa: F401  (COPY_CHUNK: kept importable here)
@@ -89,9 +90,11 @@ class Executor:
         read_budget, write_budget = ByteBudget(1, pinned=self.pin), ByteBudget(1, pinned=self.pin)  # pinned: count torch's blocks
         self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
+        # --low-disk fetches and drops source shards in read order: its resolver keeps one read at a time
         reader = ReadStage((r for _, _, steps in todo for r in steps_reads(steps)), read_budget, self._load, self.device,
-                           self.overlap, timers)
-        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers)
+                           self.overlap, timers, threads=1 if self.resolver is not None else io_threads("read"))
+        out = AsyncWriter(self.writer, write_budget, self.on_task_written, threaded=self.overlap, timers=timers,
+                          lanes=io_threads("write"))
         compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, out.write, self.quantize_fn,
                                self.measure_error, self.progress,
                                self.resolver.resolve if self.resolver is not None else None, timers)

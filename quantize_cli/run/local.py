@@ -17,12 +17,14 @@ from .context import RunContext, executor_sizes
 def produce(plan, work, done: set[int], ctx: RunContext):
     """Write `plan`'s remaining tasks into ``work.partial``; returns the run's statistics (RunStats).
     Several devices (``--device cuda:0,cuda:1``): one pipeline per device (local_devices.py)."""
+    check = _check_copied_beside(plan, ctx)
     if isinstance(ctx.device, tuple):
         from . import local_devices
 
         warmed = prefetch.stop()
         stats = local_devices.produce(plan, work, done, ctx)
         stats.warmed = warmed
+        check.result()
         return stats
     from tqdm import tqdm
 
@@ -45,6 +47,7 @@ def produce(plan, work, done: set[int], ctx: RunContext):
         try:
             stats = executor.run()
             stats.warmed = warmed
+            check.result()
         finally:
             bar.close()
     except BaseException:
@@ -61,6 +64,30 @@ def produce(plan, work, done: set[int], ctx: RunContext):
     if resolver is not None:
         ctx.info(f"--low-disk: at most {resolver.peak_files} source shard(s) were on disk at once")
     return stats
+
+
+def _check_copied_beside(plan, ctx: RunContext):
+    """The NaN/Inf check of the tensors copied while torch loaded (run/copy_ahead.py), on a thread
+    beside the executor; ``.result()`` raises its refusal."""
+    import threading
+    from concurrent.futures import Future
+
+    from .copy_ahead import check_copied
+
+    done: Future = Future()
+
+    def check() -> None:
+        try:
+            check_copied(plan, set(ctx.copied_ahead))
+            done.set_result(None)
+        except BaseException as exc:  # noqa: BLE001 - raised by .result() on the executor's thread
+            done.set_exception(exc)
+
+    if ctx.copied_ahead:  # a daemon thread: an interrupted run does not wait for it at exit
+        threading.Thread(target=check, name="quantize-check-copied", daemon=True).start()
+    else:
+        done.set_result(None)
+    return done
 
 
 def _low_disk_resolver(plan, work, done, sizes, ctx):

@@ -1,18 +1,22 @@
-"""Overlapped I/O: a read-ahead thread and a write-behind thread around the compute.
+"""Overlapped I/O: parallel reads ahead of the compute and parallel writes behind it.
 
 The executor's reads are known in advance (the plan fixes every tensor, chunk and order), so a
-:class:`Prefetcher` performs them ahead of the compute into (pinned) host buffers, and an
-:class:`AsyncWriter` performs the ``pwrite``s behind it. One :class:`ByteBudget` bounds every
-byte in flight (read but not yet consumed, produced but not yet written), so host memory stays
-within ``--memory-budget`` whatever the model size. File I/O and torch kernels release the GIL,
-so the three stages really run at once.
+:class:`Prefetcher` performs them ahead of the compute into (pinned) host buffers, several at once
+(:func:`io_threads`), handing them over in order; an :class:`AsyncWriter` performs the ``pwrite``s
+behind it on several lanes. Byte budgets bound every byte in flight (read but not yet consumed,
+produced but not yet written), so host memory stays within ``--memory-budget`` whatever the model
+size; they bound bytes, never turns: reading and writing go on at once as long as bytes are free.
+File I/O, digests and torch kernels release the GIL, so the stages really run at once.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -116,29 +120,40 @@ def load(req: Read, pin: bool, reader: Callable) -> torch.Tensor:
 
 
 class Prefetcher:
-    """Reads `requests` in order on a background thread, at most `budget` bytes ahead."""
+    """Performs `requests` ahead of the consumer, at most `budget` bytes ahead, `threads` at once.
+
+    One issuing thread walks the requests in order, takes each one's bytes from the budget and
+    hands the read to a pool of `threads`; the consumer receives the data strictly in request
+    order (:meth:`get`), whichever read finished first. `bind(req)`, called on the issuing thread,
+    returns the zero-argument callable that performs `req` (default ``loader(req)``): a caller whose
+    reads depend on state that moves with the issuing (a shard stream's current unit) binds it there.
+    """
 
     _DONE = object()
 
     def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
-                 timers: Timers | None = None):
+                 timers: Timers | None = None, threads: int = 1, bind: Callable[[Read], Callable[[], torch.Tensor]] | None = None):
         self.timers = timers or Timers()
         self.budget = budget
+        self._bind = bind or (lambda req: functools.partial(loader, req))
         self._q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(iter(requests), loader), daemon=True, name="quantize-read")
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="quantize-read")
+        self._thread = threading.Thread(target=self._run, args=(iter(requests),), daemon=True, name="quantize-read-issue")
         self._thread.start()
 
-    def _run(self, requests, loader) -> None:
+    def _timed(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with self.timers.time("read_io"):  # summed over the read threads: thread-seconds
+            return fn()
+
+    def _run(self, requests) -> None:
         try:
             for req in requests:
                 with self.timers.time("reader_wait_budget"):
                     self.budget.acquire(req.nbytes, self._stop.is_set)
                 if self._stop.is_set():
                     return
-                with self.timers.time("read_io"):
-                    data = loader(req)
-                self._q.put((req, data))
+                self._q.put((req, self._pool.submit(self._timed, self._bind(req))))
         except BaseException as exc:  # handed to the consumer, which raises it
             self._q.put((None, exc))
         finally:
@@ -148,35 +163,37 @@ class Prefetcher:
         """The data of the next request, which must be `expected` (the executor's own order)."""
         with self.timers.time("wait_read"):
             req, data = self._q.get()
-        if req is None:
-            raise data
-        if req is self._DONE or req != expected:
-            raise AssertionError(f"read order mismatch: planned {req}, executor wants {expected}")
-        return data
+            if req is None:
+                raise data
+            if req is self._DONE or req != expected:
+                raise AssertionError(f"read order mismatch: planned {req}, executor wants {expected}")
+            return data.result()  # the read's own error (a truncated file) is raised here, in order
 
     def close(self) -> None:
+        """Stop issuing; wait for the reads in flight (none may write into a buffer after this)."""
         self._stop.set()
         while self._thread.is_alive():
             try:
                 self._q.get(timeout=0.05)
             except queue.Empty:
                 pass
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ReadStage:
     """The read stage: performs the schedule's reads in order and hands each one's data over.
 
-    With `overlap` a :class:`Prefetcher` reads ahead on its own thread, else each read happens
+    With `overlap` a :class:`Prefetcher` reads ahead on `threads` threads, else each read happens
     when the compute asks for it; either way `budget` counts the bytes read and not yet released.
     Data for a device other than the CPU is moved there (asynchronously from pinned memory).
     """
 
     def __init__(self, requests: Iterable[Read], budget: ByteBudget, loader: Callable[[Read], torch.Tensor],
-                 device: torch.device, overlap: bool = True, timers: Timers | None = None):
+                 device: torch.device, overlap: bool = True, timers: Timers | None = None, threads: int = 1, bind=None):
         self.budget = budget
         self.loader = loader
         self.device = device
-        self._prefetch = Prefetcher(requests, budget, loader, timers) if overlap else None
+        self._prefetch = Prefetcher(requests, budget, loader, timers, threads, bind) if overlap else None
 
     def fetch(self, req: Read) -> torch.Tensor:
         """The data of the next planned read, `req`."""
@@ -198,29 +215,51 @@ class ReadStage:
             self._prefetch.close()
 
 
-class AsyncWriter:
-    """Writes ``(name, tensor, byte offset)`` items on a background thread; digests every task.
+class _Join:
+    """A barrier between write lanes: the last of `count` lanes to reach it goes on with its item."""
 
-    ``task_done(i)`` is ordered after the task's writes: when the thread reaches it, every byte of
-    task `i` is in the files and ``on_task_written(i, digest)`` is called (the resume journal;
-    :mod:`~quantize_cli.run.checksum`), and ``on_task_parts(i, {output: digest})`` when given (a Ray
-    shard task: the driver joins the parts of a task written by several shard tasks).
+    def __init__(self, count: int):
+        self.count = count
+        self._lock = threading.Lock()
+
+    def arrive(self) -> bool:
+        """One lane is here; True for the last one."""
+        with self._lock:
+            self.count -= 1
+            return self.count == 0
+
+
+class AsyncWriter:
+    """Writes ``(name, tensor, byte offset)`` items behind the compute, on `lanes` threads, and
+    digests every task.
+
+    An output always goes to the same lane (by its name), so its writes, and its streaming
+    digest, keep their order; different outputs are written at once (``pwrite`` at planned
+    offsets needs no order between them). ``task_done(i)`` is ordered after the task's writes:
+    when every lane holding one of its outputs has written it, ``on_task_written(i, digest)`` is
+    called (the resume journal; :mod:`~quantize_cli.run.checksum`), and ``on_task_parts(i, {output:
+    digest})`` when given (a Ray shard task: the driver joins the parts of a task written by several
+    shard tasks). ``threaded=False``: every item is done at once on the caller's thread.
     """
 
     def __init__(self, writer, budget: ByteBudget, on_task_written: Callable[[int, str], None], threaded: bool = True,
-                 timers: Timers | None = None, on_task_parts: Callable[[int, dict], None] | None = None):
+                 timers: Timers | None = None, on_task_parts: Callable[[int, dict], None] | None = None, lanes: int = 1):
         self.timers = timers or Timers()
         self.writer = writer
         self.budget = budget
         self.on_task_written = on_task_written
         self.on_task_parts = on_task_parts
-        self._hash: dict = {}  # output name -> streaming hasher (bytes arrive in offset order)
+        self._hash: dict = {}  # output name -> streaming hasher (bytes arrive in offset order: one lane per name)
+        self._digests: dict = {}  # output name -> its finished digest, until its task is done
         self._error: BaseException | None = None
-        self._q: queue.Queue | None = queue.Queue() if threaded else None
-        self._thread = None
-        if threaded:
-            self._thread = threading.Thread(target=self._run, daemon=True, name="quantize-write")
-            self._thread.start()
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(max(1, lanes))] if threaded else []
+        self._threads = [threading.Thread(target=self._run, args=(q,), daemon=True, name=f"quantize-write-{k}")
+                         for k, q in enumerate(self._queues)]
+        for t in self._threads:
+            t.start()
+
+    def _lane(self, name: str) -> queue.Queue:
+        return self._queues[zlib.crc32(name.encode()) % len(self._queues)]
 
     def _do(self, item) -> None:
         kind = item[0]
@@ -238,32 +277,44 @@ class AsyncWriter:
                     h = self._hash[name] = checksum.new()
                 h.update(data)
             self.budget.release(nbytes)
+        elif kind == "seal":  # this lane has written all of these outputs' bytes for the task
+            for n in item[1]:
+                h = self._hash.pop(n, None)
+                self._digests[n] = h.hexdigest() if h is not None else checksum.EMPTY
         elif kind == "task":
             _, index, names = item
-            parts = {n: (self._hash.pop(n).hexdigest() if n in self._hash else checksum.EMPTY) for n in names}
+            parts = {n: self._digests.pop(n, checksum.EMPTY) for n in names}
             if self.on_task_parts is not None:
                 self.on_task_parts(index, parts)
             self.on_task_written(index, checksum.task_digest(parts))
         elif kind == "call":
             item[1](self._error)
 
-    def _run(self) -> None:
+    def _run(self, q: queue.Queue) -> None:
         while True:
-            item = self._q.get()  # type: ignore[union-attr]
+            item = q.get()
             if item is None:
                 return
-            if self._error is not None:
-                if item[0] == "write":
-                    self.budget.release(item[4])
-                elif item[0] == "call":  # told of the error: a caller waiting on it must not hang
-                    self._call_quietly(item[1])
+            if item[0] == "join":  # a task's or a call's barrier: the last lane to reach it goes on
+                _, join, after = item
+                if join.arrive():
+                    self._step(after)
                 continue
-            try:
-                self._do(item)
-            except BaseException as exc:
-                self._error = exc
-                if item[0] == "write":
-                    self.budget.release(item[4])
+            self._step(item)
+
+    def _step(self, item) -> None:
+        if self._error is not None:
+            if item[0] == "write":
+                self.budget.release(item[4])
+            elif item[0] == "call":  # told of the error: a caller waiting on it must not hang
+                self._call_quietly(item[1])
+            return
+        try:
+            self._do(item)
+        except BaseException as exc:
+            self._error = self._error or exc
+            if item[0] == "write":
+                self.budget.release(item[4])
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -290,21 +341,45 @@ class AsyncWriter:
         elif t.device.type != "cpu":
             t = t.cpu()
         item = ("write", name, t, offset, t.numel(), copied)
-        if self._q is None:
-            self._do(item)
+        if not self._queues:
+            self._step(item)
+            self._raise()
         else:
-            self._q.put(item)
+            self._lane(name).put(item)
+
+    def _after_lanes(self, lanes: list[queue.Queue], per_lane: Callable[[queue.Queue], object], item) -> None:
+        """`item` once every lane of `lanes` has done what was queued before (and its `per_lane` item)."""
+        if not lanes:
+            lanes = self._queues[:1]
+        join = _Join(len(lanes))
+        for q in lanes:
+            extra = per_lane(q)
+            if extra is not None:
+                q.put(extra)
+            q.put(("join", join, item))
 
     def task_done(self, index: int, names: list[str]) -> None:
         self._raise()
         item = ("task", index, names)
-        self._do(item) if self._q is None else self._q.put(item)
+        if not self._queues:
+            self._step(("seal", names))
+            self._step(item)
+            self._raise()
+            return
+        by_lane: dict[int, list[str]] = {}
+        for n in names:
+            by_lane.setdefault(id(self._lane(n)), []).append(n)
+        lanes = [q for q in self._queues if id(q) in by_lane]
+        self._after_lanes(lanes, lambda q: ("seal", by_lane[id(q)]), item)
 
     def call(self, fn: Callable[[BaseException | None], None]) -> None:
-        """Run ``fn(error)`` on the write thread once every earlier item is done; ``error`` is the
+        """Run ``fn(error)`` on a write thread once every earlier item is done; ``error`` is the
         failure that stopped the writes, or None (a shard worker closes a finished shard here)."""
         item = ("call", fn)
-        self._do(item) if self._q is None else self._q.put(item)
+        if not self._queues:
+            self._do(item)
+            return
+        self._after_lanes(self._queues, lambda q: None, item)
 
     def _call_quietly(self, fn) -> None:
         try:
@@ -312,27 +387,32 @@ class AsyncWriter:
         except BaseException:  # noqa: BLE001 - the first error is the one reported
             pass
 
+    def _stop_lanes(self, timeout: float | None) -> bool:
+        for q in self._queues:
+            q.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            return False
+        self._queues, self._threads = [], []
+        return True
+
     def abort(self, timeout: float | None = None, cause: BaseException | None = None) -> bool:
         """After a failure elsewhere (`cause`, when known): drop every queued write and join the
-        thread; callbacks still run (``call``) see `cause` as the error that stopped the writes.
+        threads; callbacks still run (``call``) see `cause` as the error that stopped the writes.
 
-        Returns True when the thread has stopped (no write runs after this returns); False when
-        it is still inside one write after `timeout` seconds (then the files must stay open).
+        Returns True when the threads have stopped (no write runs after this returns); False when
+        one is still inside a write after `timeout` seconds (then the files must stay open).
         """
-        if self._q is not None and self._thread is not None:
+        if self._threads:
             if self._error is None:
                 self._error = cause or RuntimeError("aborted")
-            self._q.put(None)
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-            self._q, self._thread = None, None
+            return self._stop_lanes(timeout)
         return True
 
     def flush(self) -> None:
         """Wait until every queued write is on disk (page cache); raise the first write error."""
-        if self._q is not None and self._thread is not None:
-            self._q.put(None)
-            self._thread.join()
-            self._q, self._thread = None, None
+        if self._threads:
+            self._stop_lanes(None)
         self._raise()

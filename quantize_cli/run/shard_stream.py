@@ -157,6 +157,7 @@ class ShardStream:
         from .execute import Executor
         from .host_memory import PinnedPool, startup_baseline, warm_baseline
         from .kernel_choice import quantize_fn
+        from .context import io_threads
         from .pipeline import AsyncWriter, ByteBudget, ReadStage, Timers
 
         pin = self.device.type == "cuda"
@@ -169,9 +170,11 @@ class ShardStream:
             torch.cuda.set_device(self.device)
         timers, reads, writes = Timers(), ByteBudget(1, pinned=pin), ByteBudget(1, pinned=pin)
         Executor._split(self._limit(startup_baseline(self.device)), reads, writes)
-        reader = ReadStage(self._reads(), reads, self._load, self.device, True, timers)
+        hub = self.hub is not None  # a Hub resolver fetches (and with --low-disk drops) shards in read order: one read at a time
+        reader = ReadStage(self._reads(), reads, self._load, self.device, True, timers,
+                           threads=1 if hub else io_threads("read"), bind=self._bind)
         out = AsyncWriter(self._files, writes, lambda i, digest: None, threaded=True, timers=timers,
-                          on_task_parts=lambda key, parts: key[0].parts.__setitem__(key[1], parts))
+                          on_task_parts=lambda key, parts: key[0].parts.__setitem__(key[1], parts), lanes=io_threads("write"))
         try:
             fn = quantize_fn(self.kernels, self.device, self.warn, self.plan.format.reference_math_only)
             compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, lambda *a: self._write(out, *a), fn,
@@ -180,7 +183,10 @@ class ShardStream:
                 baseline = warm_baseline(self.device) - reads.used
             self.stats.baseline_rss = baseline
             Executor._split(self._limit(baseline, final=True), reads, writes)
-            self._pool = PinnedPool(self.device, reads.limit + writes.limit)
+            # torch's pinned pool is one per process, shared by the `share` streams of --device a,b: its
+            # limit is theirs together. Each stream's own share made every stream empty the pool that
+            # the others were reusing, before each read: 2-4 GPUs ran slower than one (issue 34).
+            self._pool = PinnedPool(self.device, (reads.limit + writes.limit) * self.share)
             while (job := self._started.get()) is not None:
                 self._run(job, compute, out)
             if self._broken is not None:  # aborted while idle: the units still queued fail
@@ -237,13 +243,19 @@ class ShardStream:
             return self._hub_cache, None
         return hub_resolver(self.hub, reads)
 
-    def _load(self, req):
+    def _bind(self, req):
+        """`req`'s read with the resolver of the unit being issued now (read threads run it later,
+        when the issuing may have moved on to the next unit)."""
+        import functools
+
+        return functools.partial(self._load, req, self._reading.resolver if self._reading is not None else None)
+
+    def _load(self, req, resolver=None):
         from ..modules.experts import read_rows
         from .pipeline import load
 
         if self._pool is not None:
             self._pool.trim()
-        resolver = self._reading.resolver if self._reading is not None else None
         if resolver is None:
             return load(req, self.device.type == "cuda", read_rows)
         try:
