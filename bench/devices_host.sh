@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# 1, 2, 4 ... GPUs of one process against the host's own floors, in one device call (issue 34).
+# Makes a Llama-70B-shaped bf16 input (hidden 8192, intermediate 28672, vocab 128256; LAYERS of the
+# 80, 5 GB shards) in IN_DIR (default /dev/shm), then for each DST place (shm, disk) and algorithm:
+# the floors (read the input while writing the output's bytes: to /dev/shm with N dd's at once, the
+# host copy floor; to disk with conv=fsync, the write floor) and `quantize convert --device
+# cuda:0..N-1` for each N in GPUS; every output's bytes hashed against the first run's.
+#   OUT=/tmp/out LAYERS=80 GPUS="1 2 4" ALGOS="FP8_PB_WO NVFP4" bash bench/devices_host.sh
+# KIND=cpu tries the script on a machine without a GPU (cpu, cpu,cpu ...; use LAYERS=1).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LAYERS=${LAYERS:-80}; IN_DIR=${IN_DIR:-/dev/shm/qin}; DISK=${DISK:-/root/qout}
+GPUS=${GPUS:-"1 2 4"}; ALGOS=${ALGOS:-"FP8_PB_WO NVFP4"}; PLACES=${PLACES:-"shm disk"}; BUDGET=${BUDGET:-4GB}
+DEADLINE=$((SECONDS + ${SECONDS_MAX:-540}))
+unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+python3 -c "import torch, triton, quantize_cli.cli"
+t() { local s; s=$(date +%s.%N); "$@"; python3 -c "print(f'{$(date +%s.%N) - $s:.2f}')"; }
+# the peak RSS of a command's process tree, written to the file $1 (GB)
+WRAP='import resource, subprocess, sys; rc = subprocess.run(sys.argv[2:]).returncode; open(sys.argv[1], "w").write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6:.2f}"); sys.exit(rc)'
+s=$(t python3 bench/devices_host_input.py "$IN_DIR" "$LAYERS")
+in_bytes=$(du -sb "$IN_DIR" | cut -f1)
+echo "input $IN_DIR: $LAYERS layers, $((in_bytes / 1000000000)) GB, made in $s s; $(nproc) cores, $(nvidia-smi -L 2>/dev/null | wc -l) GPUs"
+mkdir -p "$DISK"
+for algo in $ALGOS; do
+  for place in $PLACES; do
+    [ "$place" = shm ] && root=/dev/shm/qout || root=$DISK
+    mkdir -p "$root"; ref=
+    for n in $GPUS; do
+      [ $SECONDS -gt $DEADLINE ] && { echo "deadline: skipping $algo $place $n"; continue; }
+      dev=$(python3 -c "print(','.join('${KIND:-cuda}' + (':%d' % i if '${KIND:-cuda}' == 'cuda' else '') for i in range($n)))")
+      dst=$root/out-$algo-$n; rm -rf "$dst"
+      s=$(t sh -c "python3 -c '$WRAP' $OUT/rss-$algo-$place-$n python3 -m quantize_cli convert $IN_DIR -o $dst --algo $algo --device $dev --max-shard-size 5GB --memory-budget $BUDGET --quiet --report $OUT/r-$algo-$place-$n.json > $OUT/log-$algo-$place-$n.txt 2>&1; echo rc=\$? >> $OUT/log-$algo-$place-$n.txt; sync")
+      out_bytes=$(du -sb "$dst" | cut -f1)
+      sum=$(cat "$dst"/*.safetensors | md5sum | cut -c1-10)
+      rss=$(cat $OUT/rss-$algo-$place-$n 2>/dev/null)
+      [ -z "$ref" ] && ref=$sum
+      echo "$algo $place GPUs=$n: $s s, $((in_bytes / 1000000)) MB in / $((out_bytes / 1000000)) MB out, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), rss $rss GB, $(tail -1 $OUT/log-$algo-$place-$n.txt)"
+      [ "$n" != "${GPUS##* }" ] && rm -rf "$dst"
+    done
+    # the floor of this place: read the input while writing the output's bytes, with as many writers as GPUs at most
+    n=${GPUS##* }; per=$((out_bytes / n / 16777216 + 1))
+    if [ "$place" = shm ]; then
+      w="for i in \$(seq $n); do dd if=/dev/zero of=$root/floor.\$i bs=16M count=$per status=none & done; wait"
+    else
+      w="dd if=/dev/zero of=$root/floor.1 bs=16M count=$((out_bytes / 16777216 + 1)) conv=fsync status=none"
+    fi
+    rm -rf "$root"/out-*
+    f=$(t sh -c "cat $IN_DIR/*.safetensors > /dev/null & $w; wait")
+    rm -f "$root"/floor.*
+    echo "$algo $place floor (read input || write $((out_bytes / 1000000)) MB$([ "$place" = shm ] && echo " with $n writers" || echo ", fsync")): $f s"
+  done
+done
