@@ -37,7 +37,7 @@ def read_journal(path: str) -> dict[int, str]:
 
 
 class Journal:
-    """Append-only ``<task> <digest>`` lines (thread-safe: the local executor's writer thread calls it)."""
+    """Append-only ``<task> <digest>`` lines (thread-safe: the local executor's write lanes and copy-ahead threads call it)."""
 
     def __init__(self, folder: str, truncate: bool):
         self._f = open(os.path.join(folder, JOURNAL), "w" if truncate else "a")

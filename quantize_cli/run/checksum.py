@@ -1,6 +1,6 @@
 """Content digests for the resume journal: xxHash3-64, streamed per output tensor.
 
-The writer thread hashes every byte it writes, and ``--resume`` re-reads journaled outputs and
+The write lanes hash every byte they write (an output always on one lane, so in order), and ``--resume`` re-reads journaled outputs and
 hashes them again, so the digest's speed bounds the writer. zlib's CRC-32 ran at ~2 GB/s on the
 GPU machine (2.3-3.1 s of writer time for a 5.6 GB output); xxh3 runs at memory speed (>10 GB/s)
 and, like CRC-32, detects every truncation and any corrupted byte with overwhelming probability

@@ -2,9 +2,9 @@
 
 Design note. The alternatives were (a) one read stage shared by per-device compute threads, (b)
 one whole pipeline per device, each writing whole output shards, and (c) Ray with one worker per
-GPU. (a) keeps one reader and one writer thread for all devices, and those two threads (page-cache
-copies, digests) are what bounds one GPU's pipeline already (docs/performance.md), so it cannot
-scale. (b) is what a Ray worker runs, minus Ray: each device gets its own
+GPU. (a) kept one reader and one writer thread for all devices, and those two threads (page-cache
+copies, digests) were what bounded one GPU's pipeline already (docs/performance.md), so it could not
+scale (each pipeline now has a pool of read threads and several write lanes: run/pipeline.py). (b) is what a Ray worker runs, minus Ray: each device gets its own
 :class:`~.shard_stream.ShardStream` (read, compute and write threads, pinned buffers, its own
 CUDA stream of work), the shards are handed out by the same dispatcher as Ray's (largest first, a
 dynamic queue, :mod:`.dispatch`), and the same journal lines come out, so the bytes and a
