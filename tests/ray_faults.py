@@ -79,7 +79,7 @@ def _private_dst() -> None:
 
     real = ray_tasks.probe
 
-    def probe(folder, token, source_files):
+    def probe(folder, token, source_files, worker=""):
         faults = os.environ.get(FAULTS_ENV) or ""
         try:
             with open(os.path.join(faults, "private-dst")) as f:
@@ -89,7 +89,7 @@ def _private_dst() -> None:
         if private:  # this node's "DST" is its own disk: same path name, other files
             folder = os.path.join(os.environ[STAGING_ENV], "private", os.path.basename(folder))
             os.makedirs(folder, exist_ok=True)
-        return real(folder, token, source_files)
+        return real(folder, token, source_files, worker)
 
     ray_tasks.probe = probe
 

@@ -235,6 +235,28 @@ def test_probe_refuses_a_work_folder_or_source_a_node_cannot_see(tmp_path):
     assert [p.read_text() for p in tmp_path.glob(".ray-probe-tok-*")] == ["tok"]
 
 
+def test_several_workers_of_one_node_each_pass_the_probe(sources, tmp_path):
+    """The workers of one node probe at once (a 4-GPU head runs four); the driver checks and
+    removes each worker's probe as it becomes ready. One probe name per node made the second worker
+    'not visible here' whenever its probe was written before the first was checked (issue 34:
+    a 70B run on a joined 4-GPU head failed 3 of 3 tries)."""
+    from quantize_cli.run.ray_executor import _check_probe
+
+    plan = prepare(sources["dense"], "FP8_PB_WO", max_shard_size=SHARD)
+    folder = str(tmp_path)
+    workers = [ray_tasks.ShardWorker("cpu") for _ in range(3)]  # the actor class, as Ray runs it in each worker process
+    try:
+        found = [w.prepare(folder, "tok", [], plan, ray_tasks.UnitContext(folder, 64 << 20)) for w in workers]  # all probe first
+        for where in found:  # then the driver checks each, as each becomes ready
+            _check_probe(folder, "tok", where)
+        assert len({w["probe"] for w in found}) == 3 and len({w["node_id"] for w in found}) == 1
+        assert not list(tmp_path.glob(".ray-probe-*"))  # every probe removed
+    finally:
+        for w in workers:
+            if w.stream is not None:
+                w.stream.abort()
+
+
 def test_usage_errors():
     assert check_device("cuda:3") == "cuda" and check_device("AUTO") == "auto"
     with pytest.raises(UsageError, match="--device"):

@@ -151,7 +151,7 @@ class _Workers:
 
     def _ready(self, w: int, where: dict) -> None:
         _check_probe(self.folder, self.token, where)
-        self.where[w] = where
+        self.where[w] = {k: v for k, v in where.items() if k != "probe"}
         self.live.add(w)
 
     def _drop(self, w: int) -> None:
@@ -247,9 +247,8 @@ class _Workers:
 
 
 def _check_probe(folder: str, token: str, where: dict) -> None:
-    from .ray_tasks import probe_name
-
-    path = os.path.join(folder, probe_name(token, where["node_id"], where["host"]))
+    """The token of the worker that returned `where` (its ``probe`` file) is visible here; removed."""
+    path = os.path.join(folder, where["probe"])
     try:
         with open(path) as f:
             ok = f.read() == token

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 from ..errors import DestinationError, SourceError
@@ -52,23 +53,28 @@ def node_identity() -> dict:
     return {"node_id": node, "host": socket.gethostname()}
 
 
-def probe_name(token: str, node_id: str, host: str) -> str:
-    """The probe file a node writes into the work folder (per node: hosts may share a name)."""
-    return f".ray-probe-{token}-{node_id[:16] or host}"
+def probe_name(token: str, node_id: str, host: str, worker: str = "") -> str:
+    """The probe file a worker writes into the work folder: per node (hosts may share a name) and
+    per worker (the workers of one node probe at once, and the driver removes each probe it checked:
+    one name per node made a node's second worker 'not visible' whenever its probe was written
+    before the first one was checked)."""
+    return f".ray-probe-{token}-{node_id[:16] or host}-{worker}"
 
 
-def probe(folder: str, token: str, source_files: list[str]) -> dict:
-    """Write ``token`` into the work folder and check the source is readable, on this node.
+def probe(folder: str, token: str, source_files: list[str], worker: str = "") -> dict:
+    """Write ``token`` into the work folder and check the source is readable, on this node; the
+    node's identity, with ``probe``: the file's name (`worker`: the probing worker's own key).
 
     The driver then reads the token back: a DST that a node cannot reach (missing path, or a local
     disk of the same name) is refused before any shard is written.
     """
     where = node_identity()
+    where["probe"] = probe_name(token, where["node_id"], where["host"], worker)
     if not os.path.isdir(folder):
         raise DestinationError(f"{folder}: the work folder does not exist on node {where['host']}; "
                                f"DST must be on storage every Ray node can reach (NFS, a parallel file system)")
     try:
-        with open(os.path.join(folder, probe_name(token, where["node_id"], where["host"])), "w") as f:
+        with open(os.path.join(folder, where["probe"]), "w") as f:
             f.write(token)
     except OSError as exc:
         raise DestinationError(f"{folder}: node {where['host']} cannot write the work folder ({exc.strerror}); "
@@ -95,6 +101,7 @@ class ShardWorker:
             torch.empty(1, device=self.device)
             from .. import kernels  # noqa: F401  (imports Triton)
         self.where = {**node_identity(), "device": str(self.device), "warm_s": round(time.perf_counter() - t0, 3)}
+        self.key = uuid.uuid4().hex[:12]  # this worker's probe file (several workers of a node probe at once)
         self.stream = None
         self.units: dict = {}
         self._lock = threading.Lock()
@@ -107,7 +114,7 @@ class ShardWorker:
 
         self._prepared.clear()
         try:
-            probe(folder, token, sources)
+            probed = probe(folder, token, sources, self.key)
             with self._lock:
                 if self.stream is not None:  # a worker kept from an earlier run in this Ray session
                     self.stream.abort("a new run started")
@@ -116,7 +123,7 @@ class ShardWorker:
                                           hub=ctx.hub, where={k: self.where[k] for k in ("node_id", "host")})
         finally:
             self._prepared.set()
-        return self.where
+        return {**self.where, "probe": probed["probe"]}
 
     def run(self, shard: int, unit_done: frozenset = frozenset()) -> dict:
         """Write output shard `shard` (its tasks `unit_done` are kept); returns when it is on disk."""
