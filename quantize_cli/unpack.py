@@ -13,6 +13,7 @@ import os
 
 
 from . import layouts
+from .layouts.recorded import layout_record
 from .output.destination import Destination
 from .checkpoint.durable import copy_durable
 from .formats.modelopt_documents import write_config_files
@@ -20,7 +21,6 @@ from .checkpoint.safetensors_io import nbytes_of, read_header, read_tensor, st_d
 from .checkpoint.writer import ShardWriter, write_index
 from .errors import SourceError
 from .modules.experts import expert_names
-from .jsonfile import JsonFileError, load_json, read_json_or_none
 from .layouts.packing import ACT_DTYPES, unstack
 from .plan.build import OutTensor, _assign_shards, parse_size
 from .modules.recipe import recipe_of_output
@@ -29,34 +29,10 @@ from .schemes import scheme_for_quant_algo
 _SKIP = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
 
-def _layout_record(folder: str) -> tuple[dict, dict, dict]:
-    from .formats import MODELOPT, format_of_config
-
-    fmt = format_of_config(_read_config(folder))
-    if fmt is not None and fmt is not MODELOPT:  # packed layouts are written in the ModelOpt format only
-        raise SourceError(f"{folder}: a {fmt.name} checkpoint has no packed layout (the format is always plain); "
-                          "nothing to unpack: load or verify it as it is")
-    try:
-        nested = load_json(os.path.join(folder, "hf_quant_config.json"), "hf_quant_config.json", fix="is it a quantize output?",
-                           missing="is it a quantize output?")
-        config = load_json(os.path.join(folder, "config.json"), "config.json", fix="is it a quantize output?",
-                           missing="is it a quantize output?")
-    except JsonFileError as exc:
-        raise SourceError(exc.message) from None
-    record = (nested.get("converter") or {}).get("layout")
-    if not isinstance(record, dict) or record.get("name") in (None, "plain"):
-        raise SourceError(f"{folder}: no packed layout is recorded in hf_quant_config.json; it is already a plain checkpoint")
-    return nested, config, record
-
-
-def _read_config(folder: str) -> dict | None:
-    return read_json_or_none(os.path.join(folder, "config.json"))
-
-
 def unpack_checkpoint(src: str, dst: str, overwrite: bool = False) -> str:
     """Write the plain checkpoint of packed checkpoint `src` to `dst` (atomically)."""
     src = os.path.abspath(src)
-    nested, config, record = _layout_record(src)
+    nested, config, record = layout_record(src)
     layout = layouts.Layout(record["name"])
     sfx = layouts.suffix(layout)
     scheme = scheme_for_quant_algo(nested["quantization"]["quant_algo"])

@@ -32,6 +32,12 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
     (tmp / "file").write_text("not a checkpoint")
     out = str(tmp / "out")
     calib = ["--calib-data", "default"]
+    ct = tmp / "ct-output"  # a compressed-tensors output (its config is all unpack reads before refusing)
+    ct.mkdir()
+    (ct / "config.json").write_text('{"quantization_config": {"quant_method": "compressed-tensors"}}')
+    searched_ct = ["convert", src, "-o", out, "--algo", "W4A16_NVFP4", "--format", "compressed-tensors", "--scale-search", "mse"]
+    lone = tmp / "lone.json"  # a SCALES.json whose channel statistics were not kept beside it
+    lone.write_text('{"format": "quantize-act-scales", "version": 2, "channels": {"file": "lone.channels.safetensors"}}')
     return [
         ("DST exists", ["convert", src, "-o", str(exists), "--algo", "FP8"], 1, "already exists"),
         ("bad size", ["convert", src, "-o", out, "--algo", "FP8", "--max-shard-size", "5XB"], 2, "'5XB' is not a size"),
@@ -52,6 +58,12 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
         ("bad --device", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cdua"], 2, "is not a device"),
         ("--kernels triton on the CPU", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cpu", "--kernels", "triton"], 2,
          "need a CUDA GPU"),
+        # issue 36: these used to calibrate (68 s) or import torch before refusing
+        ("searched compressed-tensors NVFP4, calibrated", [*searched_ct, *calib], 2, "searched scales are written in the ModelOpt"),
+        ("the same, --dry-run", [*searched_ct, *calib, "--dry-run"], 2, "searched scales are written in the ModelOpt"),
+        ("unpack a compressed-tensors output", ["unpack", str(ct), "-o", out], 1, "has no packed layout"),
+        ("--act-scales without its channels, searched", ["convert", src, "-o", out, "--algo", "NVFP4", "--scale-search", "mse",
+                                                         "--act-scales", str(lone)], 1, "lone.channels.safetensors, which is missing"),
         # the other commands' refusals of a missing input
         ("verify a missing DST", ["verify", str(tmp / "missing")], 1, "verify failed"),
         ("unpack a missing DST", ["unpack", str(tmp / "missing"), "-o", out], 1, "no such folder"),
@@ -105,3 +117,20 @@ def test_a_path_like_calibration_file_that_does_not_exist_is_not_taken_for_a_dat
             load_samples(spec, str(tmp_path), 100, 2, 16)
     for spec in ("default", "allenai/c4", "wikitext", "owner/name.v2"):
         assert not looks_like_a_file(spec), spec
+
+
+def test_the_scales_json_alone_serves_an_algorithm_that_reads_no_channel_statistics(example_scales, tmp_path):
+    """Issue 35: FP8 or NVFP4 input scales need only the amax; a SCALES.json copied without its
+    channels file was refused after torch loaded. Now it converts, to the bytes of the pair."""
+    import shutil
+
+    from tests.conftest import convert, output_files
+
+    path = example_scales[0]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(path, lone / os.path.basename(path))
+    for name, scales in (("pair", path), ("alone", str(lone / os.path.basename(path)))):
+        (tmp_path / name).mkdir()
+        convert("example:tiny-llama", str(tmp_path / name / "out"), algo="NVFP4", act_scales=scales, quiet=True)
+    assert output_files(tmp_path / "pair" / "out") == output_files(tmp_path / "alone" / "out")

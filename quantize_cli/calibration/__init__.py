@@ -96,6 +96,7 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
 
     from . import forward, hooks, stats
     from .data import load_samples
+    from .threads import one_thread_on
 
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
@@ -106,8 +107,9 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
     energy = stats.ChannelEnergy()  # E[x_j^2] per input channel: the weights of --scale-search mse
     rec = hooks.Recorder(observers=[energy])
-    timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload,
-                         transform)
+    with one_thread_on(device):  # the same bits with any CPU thread count (threads.py)
+        timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload,
+                             transform)
     modules = {k: {"amax": v.amax, "tokens": v.tokens} for k, v in sorted(rec.inputs.items())}
     kv = {k: {"k_amax": v["k"].amax, "v_amax": v["v"].amax, "tokens": v["k"].tokens} for k, v in sorted(rec.kv.items())}
     run = {"dtype": "bfloat16", "device": str(device), "seconds": round(time.perf_counter() - t0, 3),

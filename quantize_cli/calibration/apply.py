@@ -155,11 +155,19 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
     return res
 
 
+CLOCK = ("seconds", "forward_seconds")  # how long the calibration took: the report's, never the output's
+
+
 def calibration_summary(plan, full: bool) -> dict:
-    """What was calibrated: data, run, and (`full`) per module amax, the ModelOpt ``input_scale`` of its
-    own algorithm (mixed precision: the module's), tokens; per attention layer its K/V amax and scales."""
+    """What was calibrated: data, run, and (`full`: the report) per module amax, the ModelOpt
+    ``input_scale`` of its own algorithm (mixed precision: the module's), tokens; per attention layer
+    its K/V amax and scales. Not `full` (hf_quant_config.json): no clock times, so that two runs of
+    the same command, or a resumed one, write the same file (issue 35)."""
     cal = plan.act_scales
-    out = {"calibrated": True, "data": cal.meta.get("data"), "run": cal.meta.get("run"),
+    run = cal.meta.get("run")
+    if not full and isinstance(run, dict):
+        run = {k: v for k, v in run.items() if k not in CLOCK}
+    out = {"calibrated": True, "data": cal.meta.get("data"), "run": run,
            "source": cal.meta.get("source"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
            "experts_without_tokens": list(cal.no_tokens)}
     if full:

@@ -70,6 +70,20 @@ def save(json_path: str, channels: dict[str, torch.Tensor]) -> tuple[dict, dict[
     return block, keys
 
 
+def named_sidecar(json_path: str, doc: dict | None = None) -> str | None:
+    """The channel-statistics file SCALES.json `json_path` names beside it (None: none named, or the
+    JSON unreadable: its loader says why). Torch-free, reads only the JSON."""
+    if doc is None:
+        from ..jsonfile import read_json_or_none
+
+        doc = read_json_or_none(json_path)
+    block = doc.get("channels") if isinstance(doc, dict) else None
+    name = block.get("file") if isinstance(block, dict) else None
+    if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+        return None
+    return os.path.join(os.path.dirname(json_path) or ".", name)
+
+
 class ChannelFile:
     """A checked sidecar: :meth:`read` gives one module's fp32 ``[K]`` vector."""
 
@@ -104,4 +118,4 @@ class ChannelFile:
         return read_tensor(self.tensors[key])
 
 
-__all__ = ["ChannelFile", "save", "sidecar_name", "STATISTIC"]
+__all__ = ["ChannelFile", "save", "sidecar_name", "named_sidecar", "STATISTIC"]

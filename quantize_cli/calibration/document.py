@@ -129,8 +129,13 @@ def _channels(path: str, doc: dict):
         if named:
             raise _bad(path, f"modules.{next(iter(named))}.channels names channel statistics but there is no \"channels\" file")
         return None
-    from .channels import ChannelFile
+    from .channels import ChannelFile, named_sidecar
 
+    missing = named_sidecar(path, doc)
+    if missing is not None and not os.path.isfile(missing):
+        # only --scale-search mse reads them, and it is refused before torch without them
+        # (plan/preflight.check_calibration): the amax alone (FP8, NVFP4 input scales) need no sidecar
+        return None
     file = ChannelFile(path, doc["channels"], lambda what: _bad(path, what))
     for name, key in named.items():
         if not isinstance(key, str) or key not in file.tensors:

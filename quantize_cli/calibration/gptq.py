@@ -16,7 +16,7 @@ original weight, RTN or searched), so the output is the format's exact bytes. Fo
     then the columns after the block: W[:, after] -= E U[block, after]   (lazy batch update)
 
 All arithmetic is fp32 on the weight's device; the same inputs give the same bytes (no
-randomness, stable sorts). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
+randomness, stable sorts), also with another CPU thread count (one thread there: .threads). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .grid import Grid
+from .threads import one_thread_on
 
 BLOCK = 128
 # 10% of mean(diag H), not llm-compressor's 1%: with the few thousand tokens the shipped calibration
@@ -61,16 +62,17 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     diag = torch.diagonal(h)
     mean = diag.mean()
     undamped = diag.clone()
-    for attempt in range(DAMP_RETRIES + 1):
-        d = damp * 10**attempt
-        diag.copy_(undamped).add_(d * mean)
-        low, info = torch.linalg.cholesky_ex(h)
-        if int(info) == 0:
-            del h, diag
-            inv = torch.cholesky_inverse(low)
+    with one_thread_on(h.device):
+        for attempt in range(DAMP_RETRIES + 1):
+            d = damp * 10**attempt
+            diag.copy_(undamped).add_(d * mean)
+            low, info = torch.linalg.cholesky_ex(h)
+            if int(info) == 0:
+                del h, diag
+                inv = torch.cholesky_inverse(low)
+                del low
+                return torch.linalg.cholesky(inv, upper=True), d
             del low
-            return torch.linalg.cholesky(inv, upper=True), d
-        del low
     raise ValueError(f"the Hessian is not positive definite even with damping {d:g}; give more or other calibration data")
 
 

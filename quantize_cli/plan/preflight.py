@@ -33,8 +33,16 @@ def check_source_path(src: str) -> None:
 
 
 def check_calibration(calib_data: str | None, calib_samples: int | None, calib_seq_len: int | None,
-                      act_scales: str | None = None) -> None:
+                      act_scales: str | None = None, scale_search: str | None = None) -> None:
     """The calibration options that can be refused from their values alone (exit 2, or 1 for a missing file)."""
+    if act_scales is not None and (scale_search or "none").lower() != "none":
+        from ..calibration.channels import named_sidecar
+
+        sidecar = named_sidecar(act_scales)
+        if sidecar is not None and not os.path.isfile(sidecar):  # the search's weights; the amax alone need no sidecar
+            raise CalibrationError(f"--act-scales {act_scales} --scale-search {scale_search}: the search is weighted by the "
+                                   f"per-channel statistics in {sidecar}, which is missing; put it back beside {act_scales} "
+                                   "(the two files go together), or make both again with `quantize calibrate`")
     for flag, value in (("--calib-samples", calib_samples), ("--calib-seq-len", calib_seq_len)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"{flag} {value}: must be at least 1 (leave it out for the default)")

@@ -30,6 +30,17 @@ from .options import Checked, ConvertOptions
 from .output_paths import check_json_output
 
 
+def _scheme_of(algo: str, fmt, scale_search: str, algo_for=()):
+    """The scheme `fmt` writes for `algo` with `scale_search`, or the UsageError of the pair (torch-free:
+    check_options says it before any calibration or read, issue 36; prepare uses the same)."""
+    scheme = fmt.scheme(get_scheme(algo).algo)
+    problem = fmt.scale_search_problem(scale_search, scheme.algo)
+    if problem:
+        raise UsageError(problem)
+    _not_yet_with_mixed(algo_for, scheme, scale_search)
+    return with_scale_search(scheme, scale_search)
+
+
 def _not_yet_with_mixed(algo_for, scheme, scale_search: str = "none") -> None:
     """--algo-for (mixed precision, either format) is written without searched scales, for now."""
     if not algo_for:
@@ -77,12 +88,7 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
     from ..formats import format_named
 
     fmt = format_named(format)
-    scheme = fmt.scheme(get_scheme(algo).algo)
-    problem = fmt.scale_search_problem(scale_search, scheme.algo)
-    if problem:
-        raise UsageError(problem)
-    _not_yet_with_mixed(algo_for, scheme, scale_search)
-    scheme = with_scale_search(scheme, scale_search)
+    scheme = _scheme_of(algo, fmt, scale_search, algo_for)
     source = open_hub_headers(src, revision, pin=True) if headers_only else open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
     _size(max_shard_size, "--max-shard-size")
@@ -152,6 +158,7 @@ def check_options(opts: ConvertOptions) -> Checked:
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
     fmt = format_named(opts.format)
+    _scheme_of(opts.algo, fmt, opts.scale_search, opts.algo_for)  # the format's own refusals of the pair, before calibrating
     parse_algo_for(opts.algo_for, fmt)
     from ..calibration.weights_entry import check_options as check_weights  # torch-free
 
@@ -167,7 +174,7 @@ def check_options(opts: ConvertOptions) -> Checked:
     if opts.low_disk and local_src:
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     _local_options(src, opts.revision, opts.exclude)
-    check_calibration(opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales)
+    check_calibration(opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, opts.scale_search)
     if not opts.dry_run and not dst:
         raise UsageError("convert needs -o DST (or --dry-run)")
     return Checked(budget, fmt, not local_src)
