@@ -101,7 +101,12 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
 )}
 ALGOS = tuple(ALGORITHMS)
 ALIASES = {"W8A16": "INT8",  # ModelOpt's name for what this tool calls INT8
-           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM"}  # llm-compressor's preset names
+           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM",  # llm-compressor's preset names (docs/cli.md, "--algo names")
+           "FP8_DYNAMIC": "FP8_PER_CHANNEL_PER_TOKEN", "FP8_BLOCK": "FP8_PB_WO", "NVFP4A16": "W4A16_NVFP4", "W8A8": "INT8"}
+# An alias that names what one format writes: INT8 is weight-only in the ModelOpt format (W8A16) and
+# int8 weights with dynamic per-token int8 activations in compressed-tensors (W8A8); the other format
+# would write something else under that name, so it is refused there (issue 36).
+ALIAS_FORMAT = {"W8A16": "modelopt", "W8A8": "compressed-tensors"}
 MIXED_PRECISION = "MIXED_PRECISION"  # the quant_algo of a checkpoint holding several algorithms
 QUANT_ALGO = {a.name: a.quant_algo for a in ALGORITHMS.values()}  # a view of the table, for lookups
 
@@ -124,6 +129,16 @@ def canonical_algo(name: str) -> str | None:
     key = str(name).upper()
     key = ALIASES.get(key, key)
     return key if key in ALGOS else None
+
+
+def alias_format_problem(name: str, fmt: str) -> str | None:
+    """Why `--algo name` cannot be written in format `fmt` (an alias naming the other format's INT8), or None."""
+    wanted = ALIAS_FORMAT.get(str(name).upper())
+    if wanted is None or wanted == fmt:
+        return None
+    other = next(a for a, f in ALIAS_FORMAT.items() if f == fmt)
+    return (f"--algo {name} --format {fmt}: {fmt} writes INT8 as {other} ({'int8 weights and dynamic per-token int8 activations' if other == 'W8A8' else 'int8 weights, 16-bit activations'}), "
+            f"not {str(name).upper()}; use --algo {other} (or INT8) with --format {fmt}, or --format {wanted} for {str(name).upper()}")
 
 
 def algo_of_quant_algo(quant_algo: str) -> str | None:

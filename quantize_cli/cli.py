@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import __version__
-from .algorithms import ALGOS, canonical_algo
+from .algorithms import ALGOS, ALIAS_FORMAT, canonical_algo
 from .errors import QuantizeError, format_error
 from .signals import stop_on_signals
 
@@ -64,7 +64,8 @@ class AlgoType(click.ParamType):
         key = canonical_algo(value)
         if key is None:
             self.fail(f"{value!r} is not one of {', '.join(ALGOS)} (case-insensitive)", param, ctx)
-        return key
+        # W8A16 / W8A8 name what one format writes: kept, so that the other format refuses them (ALIAS_FORMAT)
+        return str(value).upper() if str(value).upper() in ALIAS_FORMAT else key
 
 
 def weight_options(fn):

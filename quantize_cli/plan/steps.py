@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from ..algorithms import alias_format_problem
 from ..checkpoint.durable import write_json
 from ..checkpoint.source import open_source
 from ..console import Console
@@ -113,6 +114,9 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     from ..formats import format_named
 
     fmt = format_named(format)
+    problem = alias_format_problem(algo, fmt.name)
+    if problem:
+        raise UsageError(problem)
     scheme = fmt.scheme(get_scheme(algo).algo)
     _local_options(src, revision, exclude)
     rules = parse_algo_for(algo_for, fmt)
@@ -158,6 +162,9 @@ def check_options(opts: ConvertOptions) -> Checked:
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
     fmt = format_named(opts.format)
+    problem = alias_format_problem(opts.algo, fmt.name)
+    if problem:
+        raise UsageError(problem)
     _scheme_of(opts.algo, fmt, opts.scale_search, opts.algo_for)  # the format's own refusals of the pair, before calibrating
     parse_algo_for(opts.algo_for, fmt)
     from ..calibration.weights_entry import check_options as check_weights  # torch-free
