@@ -66,6 +66,10 @@ def refuse_missing(src: str) -> None:
         raise SourceError(f"{src}: is a file; SRC must be a checkpoint folder or a Hub repo id (owner/name)")
     if src.startswith((".", "/", "~")) or not is_repo_id(src, owner_required=False):
         raise SourceError(f"{src}: no such folder, and not a Hub repo id (owner/name); check the path")
+    owner = src.split("/", 1)[0]
+    if "/" in src and os.path.isdir(owner):  # `out/nonexist` beside a folder `out`: a mistyped path, not a repo (issue 36)
+        raise SourceError(f"{src}: no such folder ({owner}/ is a folder here, so this is taken for a path, not a Hub "
+                          f"repo id); check the path (for a Hub repo whose owner is also a folder name here, run from another folder)")
 
 
 def _download(repo_id: str, revision: str | None, quiet: bool) -> str:
