@@ -276,7 +276,10 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             work.keep_for_resume(con.warn, exc)
         else:
             work.discard()
-        report.write_failure(run_report(plan, options, stats, timings, None, status="error", error=exc.message), con.warn)
+        doc = run_report(plan, options, stats, timings, None, status="error", error=exc.message)
+        if getattr(exc, "eval", None) is not None:  # a failed --eval gate: its result, as on success
+            doc["eval"] = exc.eval
+        report.write_failure(doc, con.warn)
         raise
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
         work.keep_for_resume(con.warn)
@@ -312,10 +315,11 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
             con.warn(w)
     con.info(result.to_text())  # its warnings included
     if not result.passed:
-        if work is not None:
-            kept = work.set_aside("eval-failed")
-            raise CheckFailed(gate_failure(opts.dst, result) + f"; the output is kept at {kept} for inspection, DST was not written")
-        raise CheckFailed(gate_failure(opts.dst, result))
+        kept = work.set_aside("eval-failed") if work is not None else None
+        exc = CheckFailed(gate_failure(opts.dst, result) + (f"; the output is kept at {kept} for inspection, DST was not written"
+                                                             if kept else ""))
+        exc.eval = result.to_json()  # the --report holds the result either way (docs/cli.md)
+        raise exc
     return result
 
 

@@ -86,6 +86,11 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
         raise UsageError(f"{dst}: an encoder (no causal LM head) has no perplexity, KL or top-1; its gate is the embedding "
                          "cosine reported; drop --max-ppl-increase / --max-kl / --min-top1")
     out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS, observe)
+    if causal and not out.lm.positions:  # a gate can never pass on nothing (it used to: perplexity 1, KL 0)
+        from ..errors import CalibrationError
+
+        raise CalibrationError(f"--data {data}: no position was scored (every sample is {max(map(len, ids), default=0)} token(s) "
+                               "long; one token predicts the next); give longer text or a larger --seq-len")
     metrics = out.lm.summary(src is not None) if causal else (out.encoder.summary() if out.encoder else {})
     result = EvalResult(dst, source, "causal-lm" if causal else "encoder", _describe(served), meta, metrics, out.layers,
                         check_gates(metrics, limits) if causal else [])
@@ -140,13 +145,19 @@ def _check_options(source, limits: dict, samples: int, seq_len: int) -> None:
         raise UsageError(f"--samples {samples} --seq-len {seq_len}: need at least 1 sample of at least 2 tokens")
 
 
+# What DST and --source must share: the architecture and every dimension its tensors' shapes come
+# from (an --source with another intermediate size was evaluated, exit 0: issue 35).
+PAIRED = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "moe_intermediate_size", "num_experts", "n_routed_experts")
+
+
 def _check_pair(dst_source, src) -> None:
     """SRC must be the same architecture and vocabulary (its tokens are scored against DST's)."""
     from ..calibration import _vocab
     from ..errors import SourceError
 
     a, b = dst_source.config, src.config
-    for key in ("model_type", "hidden_size", "num_hidden_layers"):
+    for key in PAIRED:
         if a.get(key) != b.get(key):
             raise SourceError(f"--source {src.label}: {key} {b.get(key)!r} differs from DST's {a.get(key)!r}; "
                               "give the checkpoint DST was converted from")

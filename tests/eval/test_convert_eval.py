@@ -39,7 +39,10 @@ def test_a_failed_gate_never_writes_dst_and_keeps_the_output_aside(tmp_path):
     assert not dst.exists(), line
     kept = tmp_path / "out.eval-failed"
     assert (kept / "hf_quant_config.json").is_file() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
-    assert json.load(open(report))["status"] == "error"
+    doc = json.load(open(report))
+    assert doc["status"] == "error"
+    gate = doc["eval"]["gates"]  # the figures of the failure too (issue 35, 17: the report had no eval key)
+    assert doc["eval"]["ok"] is False and [(g["name"], g["ok"]) for g in gate] == [("max_kl", False)] and gate[0]["value"] > 0
 
 
 def test_gates_without_eval_are_refused_before_anything_is_read(tmp_path):
