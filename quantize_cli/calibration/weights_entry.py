@@ -121,7 +121,7 @@ def run(src: str, plan, calib_data: str, samples: int, seq_len: int, device, bud
     say(f"calibrating {source.label} with {what} for {plan.scheme.algo} on {device} with {calib_data} ({samples} x {seq_len} tokens at most)")
     doc = calibrate(source, rec, calib_data, samples, seq_len, device, budget,
                     progress=lambda i, n, s: say(f"  block {i}/{n}: {s:.2f} s"), transform=lw)
-    weights = writer.finish(_summary(lw.report))
+    weights = writer.finish({**_summary(lw.report), "data": doc.data})  # the data, as a calibrated output records it (eval's overlap check)
     doc.weights = {"folder": os.path.basename(folder), "sha256": weights.sha256, "request": request}
     doc.save(os.path.join(folder, SCALES_NAME))
     say(_describe(weights.summary))

@@ -66,12 +66,18 @@ def _text(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[i
 
 
 def calibration_record(path: str) -> dict | None:
-    """The calibration data a converted checkpoint records (ModelOpt: ``converter.calibration.data``)."""
+    """The calibration data a converted checkpoint records (ModelOpt: ``converter.calibration.data``,
+    or ``converter.weights.data`` for GPTQ / smoothing; compressed-tensors records none)."""
     from ..jsonfile import read_json_or_none
 
     nested = read_json_or_none(os.path.join(path, "hf_quant_config.json")) or {}
-    cal = (nested.get("converter") or {}).get("calibration") if isinstance(nested.get("converter"), dict) else None
-    return cal.get("data") if isinstance(cal, dict) and cal.get("calibrated") else None
+    converter = nested.get("converter") if isinstance(nested.get("converter"), dict) else {}
+    cal = converter.get("calibration")
+    if isinstance(cal, dict) and cal.get("calibrated"):
+        return cal.get("data")
+    weights = converter.get("weights")  # GPTQ / smoothing without static scales: the data their forward ran on
+    data = weights.get("data") if isinstance(weights, dict) else None
+    return data if isinstance(data, dict) and data.get("spec") else None
 
 
 def overlap(eval_samples: list[list[int]], calib_samples: list[list[int]], n: int = NGRAM) -> float:

@@ -119,13 +119,28 @@ def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: st
     }
 
 
+def _weights_method(plan) -> str | None:
+    """``GPTQ``, ``smoothing (awq)`` ... when the calibration forward chose the weights (plan.weights)."""
+    w = getattr(plan, "weights", None)
+    method = ((getattr(w, "request", None) or {}).get("method") or {}) if w is not None else {}
+    parts = [f"smoothing ({method['smooth']})" if method.get("smooth", "none") != "none" else None,
+             "GPTQ rounding" if method.get("rounding") == "gptq" else None]
+    return " + ".join(p for p in parts if p) or None
+
+
 def calibration_facts(plan) -> dict | None:
     """The card's calibration facts, from the scales the bytes were written with (plan.act_scales)."""
     cal = plan.act_scales
     if cal is not None:
         data = cal.meta.get("data") or {}
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax)}
+                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
+                "weights": _weights_method(plan)}
+    weights = _weights_method(plan)
+    if weights:  # GPTQ / smoothing of a weight-only format: calibrated weights, no static activation scale
+        data = (plan.weights.summary or {}).get("data") or (plan.weights.request or {}).get("data") or {}
+        return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
+                "tokens": data.get("tokens"), "modules": 0, "kv_scales": 0, "weights": weights}
     from ..algorithms import static_input_scale
 
     # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
@@ -308,9 +323,11 @@ def _calibration_section(cal: dict | None) -> list[str]:
         lines.append("None needed: no static activation scale (weights only, or dynamic activation scales at serve time).")
     elif cal.get("calibrated"):
         what = [f"{cal['modules']} input scale(s)" if cal.get("modules") else None,
-                f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None]
+                f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None,
+                f"the weights' {cal['weights']}" if cal.get("weights") else None]
+        tokens = f" ({cal.get('tokens')} tokens)" if cal.get("tokens") else ""
         lines.append(f"Calibrated on `{cal.get('dataset')}`: {', '.join(w for w in what if w) or 'scales'} from "
-                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s) ({cal.get('tokens')} tokens).")
+                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s){tokens}.")
     else:
         value = cal.get("input_scale")
         inverse = " (compressed-tensors NVFP4 stores its inverse as `input_global_scale`)" if cal.get("inverse_stored") else ""

@@ -108,3 +108,18 @@ def test_the_deepseek_example_calibrates_and_evaluates(tmp_path):
     assert r.exit_code == 0, r.stderr
     doc = json.load(open(report))
     assert doc["calibration"]["modules"] > 0 and doc["eval"]["metrics"]["positions"] > 0
+
+
+def test_a_gptq_output_records_its_calibration_for_the_card_and_eval(tmp_path):
+    """A GPTQ W4A16_NVFP4 output (no static activation scale) said "Calibration: None needed", and
+    eval found no calibration record, so its overlap check never ran (issue 36, 8)."""
+    dst, out = tmp_path / "out", tmp_path / "eval.json"
+    r = invoke("convert", EX, "-o", dst, "--algo", "W4A16_NVFP4", "--rounding", "gptq", "--device", "cpu", "-q", "--calib-data",
+               "default", "--calib-samples", "4", "--calib-seq-len", "32")
+    assert r.exit_code == 0, r.stderr
+    card = (dst / "README.md").read_text()
+    assert "None needed" not in card and "Calibrated on `default`: the weights' GPTQ rounding from 4 sample(s)" in card
+    r = invoke("eval", dst, "--device", "cpu", "--samples", "4", "--seq-len", "32", "--json", out)
+    assert r.exit_code == 0, r.stderr
+    data = json.load(open(out))["data"]
+    assert data["calibration_overlap"] is not None and "no calibration data is recorded" not in data["overlap_text"]
