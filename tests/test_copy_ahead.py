@@ -39,8 +39,8 @@ def _run(src, tmp_path, name, **kw):
     return dst, res, json.loads((tmp_path / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("algo", ["FP8_PB_WO", "NVFP4"])
-def test_copied_ahead_output_equals_a_run_without(tiny_llama, tmp_path, monkeypatch, algo):
+@pytest.mark.parametrize("algo,device", [("FP8_PB_WO", "cpu"), ("NVFP4", "cpu"), ("NVFP4", "cpu,cpu")])
+def test_copied_ahead_output_equals_a_run_without(tiny_llama, tmp_path, monkeypatch, algo, device):
     import quantize_cli.convert as convert_module
 
     real = convert_module._copies_ahead
@@ -48,7 +48,7 @@ def test_copied_ahead_output_equals_a_run_without(tiny_llama, tmp_path, monkeypa
     plain, _, _ = _run(tiny_llama, tmp_path, "plain", algo=algo)
     monkeypatch.setattr(convert_module, "_copies_ahead", real)
     monkeypatch.setattr(startup.Resolution, "done", lambda self: False)
-    ahead, _, report = _run(tiny_llama, tmp_path, "ahead", algo=algo)
+    ahead, _, report = _run(tiny_llama, tmp_path, "ahead", algo=algo, device=device)  # cpu,cpu: one pipeline per device
     assert "copy_ahead" in report["timings_s"]["stages_s"]  # it did run
     assert output_files(plain) == output_files(ahead)  # shards, index, card, seal (journal digests)
 
