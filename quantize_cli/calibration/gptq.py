@@ -16,7 +16,9 @@ original weight, RTN or searched), so the output is the format's exact bytes. Fo
     then the columns after the block: W[:, after] -= E U[block, after]   (lazy batch update)
 
 All arithmetic is fp32 on the weight's device; the same inputs give the same bytes (no
-randomness, stable sorts). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
+randomness, stable sorts), on the CPU whatever the thread count (the solver runs on one thread there:
+:mod:`.one_thread`). A Hessian that is not finite, or not positive definite after the last damping,
+raises :class:`HessianError` (the caller names the module). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .grid import Grid
+from .one_thread import one_thread
 
 BLOCK = 128
 # 10% of mean(diag H), not llm-compressor's 1%: with the few thousand tokens the shipped calibration
@@ -33,6 +36,10 @@ BLOCK = 128
 # 25.00 at 1% vs 24.15 at 10%; with the weighted search 23.13 vs 22.42; KL and top-1 agree).
 DAMP = 0.1
 DAMP_RETRIES = 4
+
+
+class HessianError(ValueError):
+    """GPTQ cannot solve with this input Hessian (the message says why; the caller adds the module)."""
 
 
 @dataclass
@@ -71,7 +78,7 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
             del low
             return torch.linalg.cholesky(inv, upper=True), d
         del low
-    raise ValueError(f"the Hessian is not positive definite even with damping {d:g}; give more or other calibration data")
+    raise HessianError(f"its input Hessian is not positive definite even with damping {d:g} of its mean diagonal")
 
 
 def _order(h: torch.Tensor, act_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +140,13 @@ def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOC
     `kernel`: run each block in the Triton kernel (None: :func:`use_kernel`; True also runs it on
     the CPU under ``TRITON_INTERPRET=1``, which the tests use to hold it to this loop).
     """
+    if not bool(torch.isfinite(h).all()):
+        raise HessianError("its input Hessian has non-finite values (the activations before it overflow)")
+    with one_thread(w.device):
+        return _solve(w, h, grids, block, damp, act_order, kernel)
+
+
+def _solve(w, h, grids, block, damp, act_order, kernel) -> Solution:
     perm, dead = _order(h, act_order)
     W = w.float()[:, perm]  # a new tensor: the loop below changes it in place
     U, used = _inverse_factor(_permuted(h, perm, dead), damp)  # no reference kept here: freed once factored
@@ -187,4 +201,4 @@ def _split(w: torch.Tensor, grids: list[Grid]) -> list[torch.Tensor]:
     return list(torch.split(w, sizes))
 
 
-__all__ = ["solve", "output_error", "Solution", "BLOCK", "DAMP"]
+__all__ = ["solve", "output_error", "Solution", "HessianError", "BLOCK", "DAMP"]

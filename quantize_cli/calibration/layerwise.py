@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import CalibrationError
 from . import gptq, hooks, smooth
 from .fake_quant import activation_quant
 from .grid import fixed_grid
@@ -155,7 +156,7 @@ class Layerwise:
                     self.report["no_tokens"].append(n)
                 values = [mine[m].scheme.dequantize(g.out).float() for m, g in zip(members, grids)]
             else:
-                sol = gptq.solve(torch.cat([weights[m].float() for m in members]), st.mean_hessian(), grids)
+                sol = _solve(members, torch.cat([weights[m].float() for m in members]), st.mean_hessian(), grids)
                 values = list(torch.split(sol.values, [g.codes.shape[0] for g in grids]))
                 self.report["gptq_error"] += sol.error
                 self.report["rtn_error"] += sol.rtn_error
@@ -201,6 +202,16 @@ class Layerwise:
                 p.copy_(value.to(device=p.device, dtype=p.dtype).reshape(p.shape))
             return
         _set_expert(block, module_path, leaf, value, self._roles)
+
+
+def _solve(members: list[str], w: torch.Tensor, h: torch.Tensor, grids) -> gptq.Solution:
+    """GPTQ of the fused `members`; a Hessian it cannot solve is a one-line error naming them."""
+    try:
+        return gptq.solve(w, h, grids)
+    except gptq.HessianError as e:
+        names = ", ".join(members)
+        raise CalibrationError(f"{names}: --rounding gptq cannot round this module: {e}; check the source's weights "
+                               f"for overflowing values, or keep the module unquantized with --exclude {members[0]}") from None
 
 
 def _searched(scheme, st):

@@ -1,0 +1,89 @@
+"""GPTQ's numerics on the CPU: the same bytes whatever the thread count (issue 36 item 2), and a
+Hessian the solver cannot use refused as a one-line error naming the module (issue 35 item 14)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from quantize_cli.calibration import gptq
+from quantize_cli.calibration.grid import fixed_grid
+from quantize_cli.cli import main
+from quantize_cli.schemes import SCHEMES
+from tests.calibration import builders
+
+# A MiniLM-shaped intermediate.dense ([1536, 384], INT4) whose Hessian is accumulated over 8192
+# tokens in one batch, as forward.BATCH_TOKENS gives: with MKL the token sum of x^T x and the Cholesky
+# factors split by thread count there, and the old solver's codes differed between 1 and 4 threads.
+_SOLVE = """
+import hashlib, sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from quantize_cli.calibration import gptq
+from quantize_cli.calibration.grid import fixed_grid
+from quantize_cli.calibration.hessian import BlockStats
+from quantize_cli.schemes import SCHEMES
+g = torch.Generator().manual_seed(0)
+n, k = 1536, 384
+w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+x = (torch.randn(8192, k, generator=g) @ (torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k))).to(torch.bfloat16)
+x[:, : k // 8] *= 6
+stats = BlockStats()
+stats.record("m", x)
+h = stats.of("m").mean_hessian()
+grid = fixed_grid(SCHEMES["INT4"], w, None)
+sol = gptq.solve(w, h, [grid])
+for t in (h, sol.values, grid.codes):
+    print(hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest())
+assert torch.get_num_threads() == int(sys.argv[1]), "the thread count is restored after the solve"
+"""
+
+
+def _run(code: str, threads: int, *args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    r = subprocess.run([sys.executable, "-c", code, str(threads), *args], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_hessian_and_solver_bytes_do_not_depend_on_the_thread_count():
+    one, four = _run(_SOLVE, 1), _run(_SOLVE, 4)
+    names = ("Hessian", "GPTQ values", "GPTQ codes")
+    assert one.split() == four.split(), [n for n, a, b in zip(names, one.split(), four.split()) if a != b]
+
+
+def test_a_non_finite_hessian_is_a_hessian_error():
+    w = torch.randn(8, 16).to(torch.bfloat16)
+    h = torch.eye(16)
+    h[3, 3] = float("inf")
+    with pytest.raises(gptq.HessianError, match="non-finite"):
+        gptq.solve(w, h, [fixed_grid(SCHEMES["INT8"], w, None)])
+    h[3, 3] = -1e30  # finite, never positive definite
+    with pytest.raises(gptq.HessianError, match="not positive definite even with damping"):
+        gptq.solve(w, h, [fixed_grid(SCHEMES["INT8"], w, None)])
+
+
+def test_overflowing_mlp_weights_are_a_one_line_error_naming_the_module(tmp_path):
+    """A source whose MLP weights overflow (x1e30): the activations after them are inf, so is the
+    Hessian of down_proj; the run stops with exit 1 naming the module, the rule and the fix."""
+    from safetensors.torch import load_file, save_file
+
+    src = builders.llama(str(tmp_path / "src"))
+    for f in os.listdir(src):
+        if f.endswith(".safetensors"):
+            t = load_file(os.path.join(src, f))
+            t = {k: (v * 1e30 if "layers.1.mlp.up_proj" in k or "layers.1.mlp.gate_proj" in k else v) for k, v in t.items()}
+            save_file(t, os.path.join(src, f), metadata={"format": "pt"})
+    data = tmp_path / "calib.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in ([5, 17, 99, 3, 250, 7, 8, 9], [1, 2, 3, 200, 100, 50])))
+    r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "out"), "--algo", "W4A16_NVFP4", "--rounding", "gptq",
+                                  "--calib-data", str(data), "--device", "cpu", "--quiet"])
+    assert r.exit_code == 1, r.output
+    err = r.output.strip().splitlines()
+    assert len(err) == 1 and "internal error" not in err[0], r.output
+    assert "model.layers.1.mlp.down_proj" in err[0] and "non-finite" in err[0] and "--exclude model.layers.1.mlp.down_proj" in err[0]
