@@ -84,7 +84,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
             (:func:`offload_decision`).
         batch_tokens: tokens per forward (padding-free batches of equal-length samples).
         transform: a per-block transform run before each block's recorded pass (GPTQ and smoothing,
-            :class:`.layerwise.Layerwise`); the amax are then those of the transformed model.
+            :class:`.layerwise.Layerwise`); the amax are then those of the transformed model. One
+            with a ``memory_budget`` attribute is given `memory_budget` (GPTQ's row slices).
     Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
     data, unknown architecture, activations over budget).
     """
@@ -104,6 +105,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     act_bytes = 2 * 2 * _hidden(source.config) * data_meta["tokens"]  # bf16 inputs + outputs of a block
     offload = offload_decision(device, act_bytes, memory_budget, offload)
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
+    if memory_budget and hasattr(transform, "memory_budget"):
+        transform.memory_budget = memory_budget
     energy = stats.ChannelEnergy()  # E[x_j^2] per input channel: the weights of --scale-search mse
     rec = hooks.Recorder(observers=[energy])
     timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload,

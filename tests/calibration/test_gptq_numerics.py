@@ -87,3 +87,64 @@ def test_overflowing_mlp_weights_are_a_one_line_error_naming_the_module(tmp_path
     err = r.output.strip().splitlines()
     assert len(err) == 1 and "internal error" not in err[0], r.output
     assert "model.layers.1.mlp.down_proj" in err[0] and "non-finite" in err[0] and "--exclude model.layers.1.mlp.down_proj" in err[0]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+@pytest.mark.parametrize("algo", ["INT4", "W4A16_NVFP4", "INT8"])
+def test_row_slices_give_the_bytes_of_the_whole(algo):
+    """GPTQ solved 1, 7 or 100 rows at a time (the CPU working set bounded, issue 37 goal 3) writes
+    the bytes of the unsliced solve, fused members included (two grids stacked by rows)."""
+    g = torch.Generator().manual_seed(1)
+    n, k = 100, 256  # 100 rows: a partial 64-row tile; 256 columns: two blocks, so the lazy update runs
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(1024, k, generator=g) @ (torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k))
+    x[:, :9] *= 8
+    h = x.t() @ x / x.shape[0]
+    results = {}
+    for rows in (None, 1, 7, n):
+        grids = [fixed_grid(SCHEMES[algo], p, None) for p in (w[:60], w[60:])]
+        sol = gptq.solve(w, h, grids, rows=rows)
+        results[rows] = (sol, [{k: _bits(v) for k, v in gr.outputs().items()} for gr in grids])
+    whole, outs = results[None]
+    for rows, (sol, o) in results.items():
+        assert torch.equal(sol.values.view(torch.int32), whole.values.view(torch.int32)), f"rows={rows}"
+        assert all(torch.equal(a[name], b[name]) for a, b in zip(o, outs) for name in a), f"rows={rows}"
+        assert sol.error == pytest.approx(whole.error, rel=1e-5) and sol.rtn_error == pytest.approx(whole.rtn_error, rel=1e-5)
+
+
+def test_slice_rows_follow_the_memory_budget():
+    assert gptq.slice_rows(4096, None) is None
+    assert gptq.slice_rows(4096, 4 * 2**30) == 8192  # a quarter of the default 4 GB, 8 fp32 copies of a 4096-wide row
+    assert gptq.slice_rows(14336, 2**30) * 8 * 4 * 14336 <= 2**30 // 4
+    assert gptq.slice_rows(10**9, 1) == 1
+
+
+def test_the_memory_budget_reaches_the_solver(tmp_path, monkeypatch):
+    src = builders.llama(str(tmp_path / "src"))
+    data = tmp_path / "calib.jsonl"
+    data.write_text(json.dumps({"input_ids": [5, 17, 99, 3, 250, 7, 8, 9]}) + "\n")
+    seen = []
+    solve = gptq.solve
+    monkeypatch.setattr(gptq, "solve", lambda w, h, grids, rows=None, **kw: seen.append((h.shape[0], rows)) or solve(w, h, grids, rows=rows, **kw))
+    r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "out"), "--algo", "INT8", "--rounding", "gptq",
+                                  "--calib-data", str(data), "--device", "cpu", "--memory-budget", "64MB", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert seen and all(rows == gptq.slice_rows(k, 64 * 10**6) for k, rows in seen), seen
+
+
+def test_the_lazy_update_of_a_row_does_not_depend_on_the_rows_around_it():
+    """The property row slicing rests on, at a MiniLM shape: MKL's GEMM gives a row other bits
+    alone (M=1) than inside the whole matrix; the fixed 64-row tiles of gptq._update do not."""
+    g = torch.Generator().manual_seed(2)
+    E, U = torch.randn(1536, 128, generator=g), torch.randn(128, 384, generator=g)
+    W = torch.randn(1536, 384, generator=g)
+    whole = W.clone()
+    gptq._update(whole, E, U)
+    for rows in (1, 7, 100):
+        sliced = W.clone()
+        for r0 in range(0, 1536, rows):
+            gptq._update(sliced[r0 : r0 + rows], E[r0 : r0 + rows], U)
+        assert torch.equal(sliced.view(torch.int32), whole.view(torch.int32)), f"rows={rows}"
