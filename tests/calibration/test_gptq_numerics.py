@@ -148,3 +148,28 @@ def test_the_lazy_update_of_a_row_does_not_depend_on_the_rows_around_it():
         for r0 in range(0, 1536, rows):
             gptq._update(sliced[r0 : r0 + rows], E[r0 : r0 + rows], U)
         assert torch.equal(sliced.view(torch.int32), whole.view(torch.int32)), f"rows={rows}"
+
+
+def test_a_minilm_shaped_gptq_conversion_writes_the_same_bytes_with_1_and_4_threads(tmp_path):
+    """Issue 36 item 2 end to end: `convert --rounding gptq` of a MiniLM-shaped BERT (hidden 384,
+    intermediate 1536) on 8192 calibration tokens, in processes with 1 and with 4 threads."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=1, num_attention_heads=12,
+                     vocab_size=builders.VOCAB, max_position_embeddings=512)
+    src = builders.save(BertModel(cfg), str(tmp_path / "src"), shard="2MB")
+    g = torch.Generator().manual_seed(0)
+    data = tmp_path / "calib.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": torch.randint(0, builders.VOCAB, (512,), generator=g).tolist()}) + "\n"
+                            for _ in range(16)))
+    out = {}
+    for threads in (1, 4):
+        dst = tmp_path / f"out{threads}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        r = subprocess.run([sys.executable, "-m", "quantize_cli", "convert", src, "-o", str(dst), "--algo", "INT4",
+                            "--rounding", "gptq", "--calib-data", str(data), "--calib-samples", "16", "--calib-seq-len", "512",
+                            "--device", "cpu", "--quiet"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr
+        out[threads] = {f: open(dst / f, "rb").read() for f in sorted(os.listdir(dst)) if f.endswith(".safetensors")}
+    assert out[1] and out[1] == out[4], [f for f in out[1] if out[1][f] != out[4].get(f)]
