@@ -44,7 +44,7 @@ def unpack(dst: str, output: str, overwrite: bool = False, quiet: bool = False, 
     Destination(output, overwrite=overwrite)  # refuse an existing output first
     if not os.path.isdir(dst):  # before torch (issue 26: refusals that need no tensor data are instant)
         raise SourceError(f"{dst}: no such folder; unpack takes the output of convert --layout marlin|cutlass|flashinfer")
-    from .layouts.recorded import layout_record
+    from .formats.layout_record import layout_record
 
     layout_record(dst)  # nothing to unpack (another format, a plain output): said before torch
     from .unpack import unpack_checkpoint

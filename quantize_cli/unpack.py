@@ -13,7 +13,7 @@ import os
 
 
 from . import layouts
-from .layouts.recorded import layout_record
+from .formats.layout_record import layout_record
 from .output.destination import Destination
 from .checkpoint.durable import copy_durable
 from .formats.modelopt_documents import write_config_files

@@ -84,7 +84,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
             (:func:`offload_decision`).
         batch_tokens: tokens per forward (padding-free batches of equal-length samples).
         transform: a per-block transform run before each block's recorded pass (GPTQ and smoothing,
-            :class:`.layerwise.Layerwise`); the amax are then those of the transformed model.
+            :class:`.layerwise.Layerwise`); the amax are then those of the transformed model. One
+            with a ``memory_budget`` attribute is given `memory_budget` (GPTQ's row slices).
     Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
     data, unknown architecture, activations over budget).
     """
@@ -96,7 +97,7 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
 
     from . import forward, hooks, stats
     from .data import load_samples
-    from .threads import one_thread_on
+    from .one_thread import one_thread
 
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
@@ -105,9 +106,11 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     act_bytes = 2 * 2 * _hidden(source.config) * data_meta["tokens"]  # bf16 inputs + outputs of a block
     offload = offload_decision(device, act_bytes, memory_budget, offload)
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
+    if memory_budget and hasattr(transform, "memory_budget"):
+        transform.memory_budget = memory_budget
     energy = stats.ChannelEnergy()  # E[x_j^2] per input channel: the weights of --scale-search mse
     rec = hooks.Recorder(observers=[energy])
-    with one_thread_on(device):  # the same bits with any CPU thread count (threads.py)
+    with one_thread(device):  # the forward too: its products split their sums by thread count on the CPU (one_thread.py)
         timing = forward.run(sk, source.tensors, ids, device, rec, progress, batch_tokens or forward.BATCH_TOKENS, offload,
                              transform)
     modules = {k: {"amax": v.amax, "tokens": v.tokens} for k, v in sorted(rec.inputs.items())}

@@ -16,7 +16,9 @@ original weight, RTN or searched), so the output is the format's exact bytes. Fo
     then the columns after the block: W[:, after] -= E U[block, after]   (lazy batch update)
 
 All arithmetic is fp32 on the weight's device; the same inputs give the same bytes (no
-randomness, stable sorts), also with another CPU thread count (one thread there: .threads). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
+randomness, stable sorts), on the CPU whatever the thread count (the solver runs on one thread there:
+:mod:`.one_thread`). A Hessian that is not finite, or not positive definite after the last damping,
+raises :class:`HessianError` (the caller names the module). :func:`output_error` is the objective, ``tr((W - Q) H (W - Q)^T)``.
 """
 
 from __future__ import annotations
@@ -26,14 +28,20 @@ from dataclasses import dataclass
 import torch
 
 from .grid import Grid
-from .threads import one_thread_on
+from .one_thread import one_thread
 
 BLOCK = 128
+# The CPU's lazy update multiplies this many rows at a time (:func:`_update`: row slices give equal bytes).
+TILE_ROWS = 64
 # 10% of mean(diag H), not llm-compressor's 1%: with the few thousand tokens the shipped calibration
 # text gives, 1% fits the calibration text (SmolLM2 W4A16_NVFP4, docs/accuracy.md: GPTQ perplexity
 # 25.00 at 1% vs 24.15 at 10%; with the weighted search 23.13 vs 22.42; KL and top-1 agree).
 DAMP = 0.1
 DAMP_RETRIES = 4
+
+
+class HessianError(ValueError):
+    """GPTQ cannot solve with this input Hessian (the message says why; the caller adds the module)."""
 
 
 @dataclass
@@ -62,18 +70,17 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     diag = torch.diagonal(h)
     mean = diag.mean()
     undamped = diag.clone()
-    with one_thread_on(h.device):
-        for attempt in range(DAMP_RETRIES + 1):
-            d = damp * 10**attempt
-            diag.copy_(undamped).add_(d * mean)
-            low, info = torch.linalg.cholesky_ex(h)
-            if int(info) == 0:
-                del h, diag
-                inv = torch.cholesky_inverse(low)
-                del low
-                return torch.linalg.cholesky(inv, upper=True), d
+    for attempt in range(DAMP_RETRIES + 1):
+        d = damp * 10**attempt
+        diag.copy_(undamped).add_(d * mean)
+        low, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            del h, diag
+            inv = torch.cholesky_inverse(low)
             del low
-    raise ValueError(f"the Hessian is not positive definite even with damping {d:g}; give more or other calibration data")
+            return torch.linalg.cholesky(inv, upper=True), d
+        del low
+    raise HessianError(f"its input Hessian is not positive definite even with damping {d:g} of its mean diagonal")
 
 
 def _order(h: torch.Tensor, act_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,9 +107,9 @@ def _round_with(grids: list[Grid]):
     zero = None if grids[0].zero is None else torch.cat([g.zero for g in grids]) if len(grids) > 1 else grids[0].zero
     family = grids[0]
 
-    def round_col(x: torch.Tensor, col: int) -> torch.Tensor:
-        c, v = family.quantize_with(x, scale[:, col], None if zero is None else zero[:, col])
-        codes[:, col] = c
+    def round_col(x: torch.Tensor, col: int, rows: slice = slice(None)) -> torch.Tensor:
+        c, v = family.quantize_with(x, scale[rows, col], None if zero is None else zero[rows, col])
+        codes[rows, col] = c
         return v
 
     def finish() -> None:
@@ -128,28 +135,86 @@ def use_kernel(device: torch.device, grids: list[Grid], block: int) -> bool:
 
 
 def solve(w: torch.Tensor, h: torch.Tensor, grids: list[Grid], block: int = BLOCK, damp: float = DAMP,
-          act_order: bool = True, kernel: bool | None = None) -> Solution:
+          act_order: bool = True, kernel: bool | None = None, rows: int | None = None) -> Solution:
     """GPTQ of `w` ``[N, K]`` (the members of `grids` stacked by rows) under Hessian `h` ``[K, K]``.
 
     Each grid receives its members' codes (``grid.outputs()`` are then the format's tensors).
     `kernel`: run each block in the Triton kernel (None: :func:`use_kernel`; True also runs it on
     the CPU under ``TRITON_INTERPRET=1``, which the tests use to hold it to this loop).
+    `rows`: solve at most this many rows at a time (None: all; see :func:`slice_rows`). The rows are
+    independent given the inverse-Hessian factor, and on the CPU the lazy update multiplies fixed
+    tiles of :data:`TILE_ROWS` rows, so any slicing gives the same bytes; on a GPU the update is one
+    GEMM over the rows given, so slice there only where its bytes may change.
     """
+    if not bool(torch.isfinite(h).all()):
+        raise HessianError("its input Hessian has non-finite values (the activations before it overflow)")
+    with one_thread(w.device):
+        return _solve(w, h, grids, block, damp, act_order, kernel, rows)
+
+
+def slice_rows(k: int, budget: int | None) -> int | None:
+    """Rows GPTQ solves at a time within a quarter of `budget` (host bytes; None: all rows): a row
+    of the slice holds about eight fp32 copies of its ``K`` values (weight, its working copy, the
+    rounded values in both column orders, round-to-nearest's, the error terms)."""
+    if not budget:
+        return None
+    return max(1, budget // 4 // (8 * 4 * k))
+
+
+def _solve(w, h, grids, block, damp, act_order, kernel, rows) -> Solution:
+    n, k = w.shape
     perm, dead = _order(h, act_order)
-    W = w.float()[:, perm]  # a new tensor: the loop below changes it in place
     U, used = _inverse_factor(_permuted(h, perm, dead), damp)  # no reference kept here: freed once factored
     round_col, finish, scale, codes, zero = _round_with(grids)
-    Q = torch.zeros_like(W)
-    if use_kernel(W.device, grids, block) if kernel is None else kernel:
-        _blocks_in_kernel(W, U, Q, codes, scale, zero, perm, grids[0], block)
-    else:
-        _blocks_in_torch(W, U, Q, round_col, perm.tolist(), block)  # one host copy of the order: no sync per column
-    finish()
+    in_kernel = use_kernel(w.device, grids, block) if kernel is None else kernel
+    order = perm.tolist()  # one host copy of the order: no sync per column
     inv = torch.argsort(perm)
-    Q = Q[:, inv]
     href = h.float()
-    rtn = torch.cat([g.quantize_with(wm.float(), g.scale, g.zero)[1] for g, wm in zip(grids, _split(w, grids))]) if grids else w
-    return Solution(Q, used, output_error(w, Q, href), output_error(w, rtn, href))
+    values = torch.empty((n, k), device=w.device)  # the rounded weight, original column order
+    error = rtn_error = 0.0
+    for r0 in range(0, n, rows or n):
+        r = slice(r0, min(r0 + (rows or n), n))
+        W = w[r].float()[:, perm]  # a new tensor: the loop below changes it in place
+        Q = torch.zeros_like(W)
+        sz = None if zero is None else zero[r]
+        if in_kernel:
+            _blocks_in_kernel(W, U, Q, codes[r], scale[r], sz, perm, grids[0], block)
+        else:
+            _blocks_in_torch(W, U, Q, _rows_of(round_col, r), order, block)
+        del W
+        values[r] = Q[:, inv]
+        del Q
+        wr = w[r].float()
+        error += output_error(wr, values[r], href)
+        rtn_error += output_error(wr, grids[0].quantize_with(wr, scale[r], sz)[1] if grids else wr, href)
+    finish()
+    return Solution(values, used, error, rtn_error)
+
+
+def _rows_of(round_col, r: slice):
+    """`round_col` for the rows `r` of the stacked weight."""
+    return lambda x, col: round_col(x, col, r)
+
+
+def _update(W: torch.Tensor, E1: torch.Tensor, U: torch.Tensor) -> None:
+    """The lazy batch update ``W -= E1 @ U`` (W the columns after the block).
+
+    On the CPU the product is taken :data:`TILE_ROWS` rows at a time, the last tile padded with
+    zero rows: every row then goes through the very same GEMM shape whatever the rows around it, so
+    solving in row slices (:func:`solve`'s `rows`) gives the bytes of one slice. A whole-matrix
+    GEMM does not: MKL picks another kernel by the row count (one row, or a larger matrix, changes
+    the bits of every row). On a GPU it stays one GEMM (its bytes as before).
+    """
+    n = E1.shape[0]
+    if E1.device.type != "cpu":
+        W -= E1 @ U
+        return
+    for t0 in range(0, n, TILE_ROWS):
+        e = E1[t0 : t0 + TILE_ROWS]
+        m = e.shape[0]
+        if m < TILE_ROWS:
+            e = torch.cat([e, e.new_zeros((TILE_ROWS - m, e.shape[1]))])
+        W[t0 : t0 + m] -= (e @ U)[:m]
 
 
 def _blocks_in_torch(W, U, Q, round_col, order: list[int], block: int) -> None:
@@ -165,7 +230,7 @@ def _blocks_in_torch(W, U, Q, round_col, order: list[int], block: int) -> None:
             err = (col - q) / U1[j, j]
             W1[:, j:] -= err[:, None] * U1[j, j:][None, :]
             E1[:, j] = err
-        W[:, b1:] -= E1 @ U[b0:b1, b1:]
+        _update(W[:, b1:], E1, U[b0:b1, b1:])
 
 
 def _blocks_in_kernel(W, U, Q, codes, scale, zero, perm, family: Grid, block: int) -> None:
@@ -181,7 +246,7 @@ def _blocks_in_kernel(W, U, Q, codes, scale, zero, perm, family: Grid, block: in
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
         E1 = gptq_block(W, Uc, Q, codes, scale, zero, perm, b0, b1, family.kernel, lo, hi)
-        W[:, b1:] -= E1 @ U[b0:b1, b1:]
+        _update(W[:, b1:], E1, U[b0:b1, b1:])
 
 
 def _split(w: torch.Tensor, grids: list[Grid]) -> list[torch.Tensor]:
@@ -189,4 +254,4 @@ def _split(w: torch.Tensor, grids: list[Grid]) -> list[torch.Tensor]:
     return list(torch.split(w, sizes))
 
 
-__all__ = ["solve", "output_error", "Solution", "BLOCK", "DAMP"]
+__all__ = ["solve", "slice_rows", "output_error", "Solution", "HessianError", "BLOCK", "DAMP", "TILE_ROWS"]

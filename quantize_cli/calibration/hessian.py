@@ -11,7 +11,8 @@ Linear input, per expert for fused MoE experts), so the same hooks feed it and t
 Linears that receive the very same tensor object in a forward (q/k/v, gate/up, an expert's
 gate/up) share one entry: the same input gives the same statistics, so the fused members of the
 served model share their Hessian without a table of fused names. Tokens are summed in batch
-order, so the same data gives the same bits.
+order, so the same data gives the same bits; on the CPU each ``x^T x`` runs on one thread
+(:mod:`.one_thread`: the BLAS splits the token sum by the thread count).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .one_thread import one_thread
 
 
 @dataclass
@@ -66,7 +69,8 @@ class BlockStats:
         st = self.inputs.setdefault(k, InputStats())
         st.tokens += x2.shape[0]
         if self.hessian:
-            h = x2.t() @ x2
+            with one_thread(x2.device):  # the CPU's GEMM splits the token sum by thread count
+                h = x2.t() @ x2
             st.hessian = h if st.hessian is None else st.hessian.add_(h)
         if self.channels:
             a = x2.abs()

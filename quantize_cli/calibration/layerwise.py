@@ -14,7 +14,8 @@ For each block, once :mod:`.forward` has loaded it (weights of this block only, 
     4. (:mod:`.forward`) the recorded pass: input amax and K/V of the quantized block, whose
        outputs are the next block's inputs: later layers see the quantization of earlier ones
 
-Memory: one block's weights, its Hessians (one per distinct input, fp32 ``[K, K]``), and with
+Memory: one block's weights, its Hessians (one per distinct input, fp32 ``[K, K]``), on the CPU
+GPTQ's working copies of a row slice sized from ``--memory-budget`` (:func:`.gptq.slice_rows`), and with
 ``--smooth`` the inspected modules' inputs over the calibration tokens; nothing else grows with
 the depth. What changes the checkpoint goes to a :class:`.weights_file.WeightsWriter`, one file
 per block.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import CalibrationError
 from . import gptq, hooks, smooth
 from .fake_quant import activation_quant
 from .grid import fixed_grid
@@ -52,6 +54,7 @@ class Layerwise:
         self.targets, self.rounding, self.method = targets, rounding, method
         self.writer, self.device, self.num_heads = writer, device, num_heads
         self.log = log or (lambda msg: None)
+        self.memory_budget: int | None = None  # host bytes (--memory-budget; calibrate() sets it): GPTQ's row slices on the CPU
         self._roles: dict = {}
         self._tensors: dict = {}
         self.report: dict = {"gptq_error": 0.0, "rtn_error": 0.0, "modules": 0, "damp_raised": [], "no_tokens": [],
@@ -155,7 +158,8 @@ class Layerwise:
                     self.report["no_tokens"].append(n)
                 values = [mine[m].scheme.dequantize(g.out).float() for m, g in zip(members, grids)]
             else:
-                sol = gptq.solve(torch.cat([weights[m].float() for m in members]), st.mean_hessian(), grids)
+                rows = gptq.slice_rows(st.hessian.shape[0], self.memory_budget) if self.device.type == "cpu" else None
+                sol = _solve(members, torch.cat([weights[m] for m in members]), st.mean_hessian(), grids, rows)
                 values = list(torch.split(sol.values, [g.codes.shape[0] for g in grids]))
                 self.report["gptq_error"] += sol.error
                 self.report["rtn_error"] += sol.rtn_error
@@ -201,6 +205,17 @@ class Layerwise:
                 p.copy_(value.to(device=p.device, dtype=p.dtype).reshape(p.shape))
             return
         _set_expert(block, module_path, leaf, value, self._roles)
+
+
+def _solve(members: list[str], w: torch.Tensor, h: torch.Tensor, grids, rows: int | None) -> gptq.Solution:
+    """GPTQ of the fused `members` (`w` in the source dtype: the solver takes fp32 copies of a row
+    slice at a time); a Hessian it cannot solve is a one-line error naming them."""
+    try:
+        return gptq.solve(w, h, grids, rows=rows)
+    except gptq.HessianError as e:
+        names = ", ".join(members)
+        raise CalibrationError(f"{names}: --rounding gptq cannot round this module: {e}; check the source's weights "
+                               f"for overflowing values, or keep the module unquantized with --exclude {members[0]}") from None
 
 
 def _searched(scheme, st):

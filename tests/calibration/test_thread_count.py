@@ -1,7 +1,7 @@
 """The same calibration gives the same bytes with any CPU thread count (issue 36).
 
 MKL's products and LAPACK's Cholesky split their sums by the thread count; before the calibration
-forward and GPTQ ran on one thread (calibration/threads.py), ``example:tiny-llama`` with GPTQ gave
+forward and GPTQ ran on one thread (calibration/one_thread.py), ``example:tiny-llama`` with GPTQ gave
 other bytes in 8 tensors with 1 and 2 threads, and calibrated input scales could differ too.
 Each run is a fresh process: torch takes its thread count from OMP_NUM_THREADS at start.
 """
@@ -37,14 +37,14 @@ def test_one_and_four_threads_write_the_same_bytes(tmp_path, extra):
 def test_the_thread_count_is_restored_after_calibration():
     import torch
 
-    from quantize_cli.calibration.threads import one_thread_on
+    from quantize_cli.calibration.one_thread import one_thread
 
-    before = torch.get_num_threads()
-    with one_thread_on(torch.device("cpu")):
+    torch.set_num_threads(2)
+    with one_thread(torch.device("cpu")):
         assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    with one_thread_on(torch.device("meta")):  # not the CPU: untouched
-        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == 2
+    with one_thread(torch.device("meta")):  # not the CPU: untouched
+        assert torch.get_num_threads() == 2
 
 
 def test_a_finished_calibrated_output_resumes_as_already_complete(tmp_path):

@@ -88,3 +88,18 @@ def test_auto_choice_is_the_kernel_only_on_cuda():
     w, h = _problem(4, 32, "cpu")
     assert not gptq.use_kernel(torch.device("cpu"), [fixed_grid(SCHEMES["NVFP4"], w, None)], 128)
     assert not gptq.use_kernel(torch.device("cuda"), [fixed_grid(SCHEMES["NVFP4"], w, None)], 256)  # wider than a launch holds
+
+
+@pytest.mark.parametrize("scheme", [SCHEMES["INT4"], SCHEMES["NVFP4"]], ids=lambda s: s.algo)
+def test_block_kernel_in_row_slices_equals_the_whole_torch_loop(scheme, device):
+    """Row slices (gptq.solve's `rows`, the CPU working set) hand the kernel row views of the codes and
+    scales: the bytes stay those of the unsliced reference (on the CPU, where solve slices: a GPU's
+    lazy update is one GEMM over the rows it is given)."""
+    if device.type != "cpu":
+        pytest.skip("row slices are the CPU's")
+    w, h = _problem(20, 256, device)
+    ref, sliced = fixed_grid(scheme, w, None), fixed_grid(scheme, w, None)
+    a = gptq.solve(w, h, [ref], kernel=False)
+    b = gptq.solve(w, h, [sliced], kernel=True, rows=7)
+    assert torch.equal(a.values.view(torch.int32), b.values.view(torch.int32))
+    assert torch.equal(_bits(ref.codes), _bits(sliced.codes))

@@ -12,7 +12,7 @@ from ..jsonfile import JsonFileError, load_json, read_json_or_none
 def layout_record(folder: str) -> tuple[dict, dict, dict]:
     """``(hf_quant_config, config, layout record)`` of packed output `folder`, or the SourceError that
     says why it has none to unpack (torch-free: ``unpack`` refuses before importing torch, issue 36)."""
-    from ..formats import MODELOPT, format_of_config
+    from . import MODELOPT, format_of_config
 
     fmt = format_of_config(_read_config(folder))
     if fmt is not None and fmt is not MODELOPT:  # packed layouts are written in the ModelOpt format only
