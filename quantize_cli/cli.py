@@ -16,7 +16,7 @@ import click
 from . import __version__
 from .algorithms import ALGOS, canonical_algo
 from .errors import QuantizeError, format_error
-from .signals import stop_on_signals
+from .signals import exit_quietly_on_repeat, stop_on_signals
 
 FORMAT = click.Choice(["modelopt", "compressed-tensors"], case_sensitive=False)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -34,6 +34,7 @@ def _run(debug: bool, fn, *args, **kwargs):
     except KeyboardInterrupt:
         if debug:
             raise
+        exit_quietly_on_repeat()  # a second Ctrl-C during the exit: no atexit traceback
         click.echo("error: interrupted; no finished output was written", err=True)
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback without --debug

@@ -247,10 +247,12 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             work.keep_for_resume(con.warn, exc)
         else:
             work.discard()
-        report.write_failure(run_report(plan, options, stats, timings, None, status="error", error=exc.message), con.warn)
+        report.write_failure({**run_report(plan, options, stats, timings, None, status="error", error=exc.message),
+                              **({"eval": exc.eval} if getattr(exc, "eval", None) else {})}, con.warn)
         raise
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable; --report says so (exit 130)
         work.keep_for_resume(con.warn)
+        report.write_failure(run_report(plan, options, stats, timings, None, status="interrupted", error="interrupted"), con.warn)
         raise
     except BaseException:
         work.discard()
@@ -283,10 +285,11 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
             con.warn(w)
     con.info(result.to_text())  # its warnings included
     if not result.passed:
-        if work is not None:
-            kept = work.set_aside("eval-failed")
-            raise CheckFailed(gate_failure(opts.dst, result) + f"; the output is kept at {kept} for inspection, DST was not written")
-        raise CheckFailed(gate_failure(opts.dst, result))
+        kept = work.set_aside("eval-failed") if work is not None else None
+        exc = CheckFailed(gate_failure(opts.dst, result) + (f"; the output is kept at {kept} for inspection, DST was not "
+                                                            "written" if kept else ""))
+        exc.eval = result.to_json()  # the failure's --report holds the figures too (docs/cli.md)
+        raise exc
     return result
 
 

@@ -64,7 +64,8 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
     lines = [f"{label}: {count(n_shards, 'shard')}, {count(sum(c for c, _ in by_dtype.values()), 'tensor')}, {human_bytes(total)}"]
     if config:
         lines.append(f"model_type {config.get('model_type')!r}, {config.get('num_hidden_layers')} layers, "
-                     f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
+                     f"hidden {config.get('hidden_size')}" + (f", dtype {dtype}" if (dtype := config.get('torch_dtype')
+                                                                                       or config.get('dtype')) else ""))
     lines += [f"  {dtype:<8} {n:>6} tensor{'s' if n != 1 else ' '}  {human_bytes(size)}" for dtype, (n, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
     from .formats import COMPRESSED_TENSORS, format_of_config

@@ -73,7 +73,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     config = served.source.config
     src = open_source(source) if source else None
     if src is not None:
-        _check_pair(served.source, src)
+        _check_pair(served.source, src, served.layout)
     seq_len = min(seq_len, _max_positions(config) or seq_len)
     ids, meta = _samples(data, served.source.root, src.root if src else None, _vocab(config), samples, seq_len)
     record = eval_data.calibration_record(served.source.root) or ({"spec": calib_data} if calib_data else None)
@@ -85,6 +85,11 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     if not causal and any(v is not None for v in limits.values()):
         raise UsageError(f"{dst}: an encoder (no causal LM head) has no perplexity, KL or top-1; its gate is the embedding "
                          "cosine reported; drop --max-ppl-increase / --max-kl / --min-top1")
+    if causal and not sum(len(s) - 1 for s in ids):  # a gate must never pass on nothing measured
+        from ..errors import CalibrationError
+
+        raise CalibrationError(f"--data {data}: every sample is 1 token long, so no position is scored (a causal LM is "
+                               "scored on the next token); give longer samples (at least 2 tokens each) or --seq-len >= 2")
     out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS, observe)
     metrics = out.lm.summary(src is not None) if causal else (out.encoder.summary() if out.encoder else {})
     result = EvalResult(dst, source, "causal-lm" if causal else "encoder", _describe(served), meta, metrics, out.layers,
@@ -140,7 +145,7 @@ def _check_options(source, limits: dict, samples: int, seq_len: int) -> None:
         raise UsageError(f"--samples {samples} --seq-len {seq_len}: need at least 1 sample of at least 2 tokens")
 
 
-def _check_pair(dst_source, src) -> None:
+def _check_pair(dst_source, src, layout: str | None = None) -> None:
     """SRC must be the same architecture and vocabulary (its tokens are scored against DST's)."""
     from ..calibration import _vocab
     from ..errors import SourceError
@@ -153,6 +158,27 @@ def _check_pair(dst_source, src) -> None:
     if _vocab(a) != _vocab(b):
         raise SourceError(f"--source {src.label}: vocab_size {_vocab(b)} differs from DST's {_vocab(a)}; "
                           "give the checkpoint DST was converted from")
+    _check_shapes(dst_source, src, layout)
+
+
+def _check_shapes(dst_source, src, layout: str | None) -> None:
+    """SRC's tensors must have DST's shapes: a tensor DST keeps in a float dtype (norms, embeddings,
+    excluded Linears) has SRC's shape, a quantized one (FP8, packed FP4 / INT4 with its scales) keeps
+    the output rows first in the plain layout. A source with another intermediate size is refused
+    here, naming the tensor, instead of being scored against DST."""
+    from ..checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES
+    from ..errors import SourceError
+
+    for name, info in dst_source.tensors.items():
+        other = src.tensors.get(name)
+        if other is None or not info.shape or not other.shape:
+            continue
+        plain = info.dtype in FLOAT_SOURCE_DTYPES and other.dtype in FLOAT_SOURCE_DTYPES
+        if not plain and layout not in (None, "plain"):
+            continue  # a repacked weight (Marlin): its rows are permuted tiles
+        if (tuple(info.shape) != tuple(other.shape)) if plain else info.shape[0] != other.shape[0]:
+            raise SourceError(f"--source {src.label}: {name} has shape {list(other.shape)}, DST's is {list(info.shape)}; "
+                              "give the checkpoint DST was converted from")
 
 
 def _samples(spec, root, src_root, vocab, samples, seq_len):

@@ -1,0 +1,62 @@
+"""``quantize eval`` at its edges (issue 35 items 9, 15, 16): the DeepSeek example runs, a source of
+another shape is refused naming the tensor, and nothing measured never passes a gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
+from quantize_cli.checkpoint.examples import example_path
+from quantize_cli.cli import main
+from tests.conftest import convert
+from tests.eval.test_eval import jsonl
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["eval", *args])
+
+
+@pytest.fixture(scope="module")
+def llama_fp8(tmp_path_factory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("edges")
+    src = example_path("tiny-llama")
+    return src, convert(src, str(root / "fp8"), algo="FP8", device="cpu", quiet=True).dst
+
+
+def test_tiny_deepseek_example_converts_with_calibration_and_evaluates(tmp_path):
+    """Issue 35 item 9: the example set no n_group / topk_group, so transformers' router crashed."""
+    dst = tmp_path / "ds"
+    r = CliRunner().invoke(main, ["convert", "example:tiny-deepseek", "-o", str(dst), "--algo", "FP8", "--calib-data",
+                                  "default", "--calib-samples", "2", "--calib-seq-len", "16", "--device", "cpu", "-q"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "e.json"
+    r = run(str(dst), "--source", "example:tiny-deepseek", "--device", "cpu", "--samples", "2", "--seq-len", "16",
+            "--json", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["metrics"]["positions"] == 30 and doc["kind"] == "causal-lm"
+
+
+def test_a_source_with_another_intermediate_size_is_refused_naming_the_tensor(tmp_path, llama_fp8):
+    """Issue 35 item 15: same vocabulary, other MLP width: refused, not scored."""
+    _, dst = llama_fp8
+    cfg = llama_config(intermediate=256)
+    other = write_checkpoint(str(tmp_path / "other"), llama_tensors(cfg), cfg)
+    data = jsonl(tmp_path / "d.jsonl")
+    r = run(dst, "--source", other, "--data", data, "--device", "cpu")
+    assert r.exit_code == 1, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert "mlp" in line and "[256, 256]" in line and "[512, 256]" in line and "Traceback" not in r.output
+
+
+def test_samples_of_one_token_are_refused_not_passed(tmp_path, llama_fp8):
+    """Issue 35 item 16: zero scored positions: exit 1 saying why and the fix, never PASS."""
+    src, dst = llama_fp8
+    data = jsonl(tmp_path / "one.jsonl", [[5], [7], [9]])
+    out = tmp_path / "e.json"
+    r = run(dst, "--source", src, "--data", data, "--device", "cpu", "--max-kl", "1", "--json", str(out))
+    assert r.exit_code == 1, r.output
+    assert "PASS" not in r.output and "1 token" in r.output and "longer samples" in r.output
