@@ -60,3 +60,45 @@ def test_samples_of_one_token_are_refused_not_passed(tmp_path, llama_fp8):
     r = run(dst, "--source", src, "--data", data, "--device", "cpu", "--max-kl", "1", "--json", str(out))
     assert r.exit_code == 1, r.output
     assert "PASS" not in r.output and "1 token" in r.output and "longer samples" in r.output
+
+
+@pytest.fixture(scope="module")
+def bert_fp8(tmp_path_factory) -> tuple[str, str]:
+    from tests.calibration import builders
+
+    root = tmp_path_factory.mktemp("bert")
+    src = builders.bert(str(root / "src"))
+    return src, convert(src, str(root / "dst"), algo="FP8", device="cpu", quiet=True).dst
+
+
+def test_an_encoder_is_gated_on_its_embedding_cosines(tmp_path, bert_fp8):
+    """Issue 36 item 4: --min-cosine gates the mean, --min-sample-cosine the lowest sample."""
+    src, dst = bert_fp8
+    data, out = jsonl(tmp_path / "d.jsonl"), tmp_path / "e.json"
+    r = run(dst, "--source", src, "--data", data, "--device", "cpu", "--min-cosine", "0.5", "--min-sample-cosine", "0.5",
+            "--json", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and [g["name"] for g in doc["gates"]] == ["min_cosine", "min_sample_cosine"]
+    assert doc["gates"][0]["value"] == doc["metrics"]["embedding_cosine_mean"]
+    assert doc["gates"][1]["value"] == doc["metrics"]["embedding_cosine_min"]
+    assert r.output.strip().splitlines()[-1].startswith("eval: PASS: embedding cosine mean")
+    r = run(dst, "--source", src, "--data", data, "--device", "cpu", "--min-sample-cosine", "1", "--json", str(out))
+    assert r.exit_code == 1 and "is below --min-sample-cosine 1" in r.output, r.output
+    assert json.loads(out.read_text())["ok"] is False
+
+
+def test_a_perplexity_gate_on_an_encoder_is_refused_and_the_json_still_written(tmp_path, bert_fp8):
+    src, dst = bert_fp8
+    out = tmp_path / "e.json"
+    r = run(dst, "--source", src, "--data", jsonl(tmp_path / "d.jsonl"), "--device", "cpu", "--max-kl", "0.05",
+            "--json", str(out))
+    assert r.exit_code == 2 and "encoder" in r.output and "--max-kl" in r.output and "--min-cosine" in r.output
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is False and doc["exit_code"] == 2 and "--max-kl" in doc["error"]
+
+
+def test_a_cosine_gate_on_a_causal_lm_is_refused(tmp_path, llama_fp8):
+    src, dst = llama_fp8
+    r = run(dst, "--source", src, "--data", jsonl(tmp_path / "d.jsonl"), "--device", "cpu", "--min-cosine", "0.9")
+    assert r.exit_code == 2 and "--min-cosine" in r.output and "--max-kl" in r.output
