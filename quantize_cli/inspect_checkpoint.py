@@ -30,10 +30,13 @@ def inspect_checkpoint(path: str, revision: str | None = None) -> str:
         infos = [t for f in shards for t in read_header(regular_file_inside(path, f)).tensors.values()]
         config, nested = _json(os.path.join(path, "config.json")), _json(os.path.join(path, "hf_quant_config.json"))
     else:
-        from .repo_id import is_repo_id
+        from .repo_id import is_repo_id, local_reason
 
-        if os.path.exists(path) or path.startswith((".", "/", "~")) or not is_repo_id(path):
+        if os.path.exists(path) or not is_repo_id(path):
             raise SourceError(f"{path}: not a folder, a Hub repo id (owner/name) or example:NAME; inspect takes a checkpoint")
+        reason = local_reason(path, revision)
+        if reason:
+            raise SourceError(f"{path}: no such folder ({reason}, so it is not looked up on the Hub); check the path")
         config, tensors, shards, nested = _hub(path, revision)
         infos = list(tensors.values())
     return summary(path, len(shards), infos, config, nested)

@@ -73,3 +73,32 @@ def test_inspect_prints_no_dtype_none(tiny_llama, tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     r = invoke("inspect", src)
     assert r.exit_code == 0 and "dtype None" not in r.output and "model_type 'llama'" in r.output
+
+
+@pytest.mark.parametrize("args", [("eval", "out/nonexist", "--device", "cpu"), ("convert", "out/nonexist", "-o", "x", "--algo", "FP8"),
+                                  ("inspect", "out/nonexist"), ("eval", "EX", "--source", "out/nonexist", "--device", "cpu")])
+def test_a_mistyped_local_path_is_no_such_folder_not_a_hub_lookup(tmp_path, monkeypatch, args):
+    """Issue 36 item 6: `out/nonexist` with `out/` present is a local path: said at once, no Hub request."""
+    import quantize_cli.checkpoint.hub as hub
+    import quantize_cli.checkpoint.source as source
+
+    def no_hub(*a, **k):
+        raise AssertionError("looked up on the Hub")
+
+    monkeypatch.setattr(source, "_download", no_hub)
+    monkeypatch.setattr(hub, "hub_headers", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    r = invoke(*["example:tiny-llama" if a == "EX" else a for a in args])
+    assert r.exit_code == 1
+    assert "out/nonexist: no such folder (its parent folder out exists here" in r.output, r.output
+
+
+def test_offline_a_repo_id_not_in_the_cache_is_no_such_folder(tmp_path, monkeypatch):
+    import quantize_cli.checkpoint.source as source
+
+    monkeypatch.setattr(source, "_download", lambda *a, **k: pytest.fail("looked up on the Hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    r = invoke("eval", "nobody-here/no-such-model-xyz", "--device", "cpu")
+    assert r.exit_code == 1 and "no such folder (HF_HUB_OFFLINE is set" in r.output, r.output

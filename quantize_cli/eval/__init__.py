@@ -56,6 +56,11 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     limits = {"max_ppl_increase": max_ppl_increase, "max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine,
               "min_sample_cosine": min_sample_cosine}
     _check_options(source, limits, samples, seq_len)
+    from ..checkpoint.source import refuse_missing
+
+    for path in (dst, source):  # a mistyped local path is said now, before torch and any Hub request
+        if path and not path.startswith("example:"):
+            refuse_missing(path)
     import sys
 
     import torch
