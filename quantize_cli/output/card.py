@@ -235,13 +235,26 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     kv = ("FP8 with calibrated k/v scales" if kv_scaled else "FP8 (cast, no scales)") if facts.get("kv_cache_dtype") else "unquantized"
     out.append(f"| KV cache | {kv} |")
     sizes = facts["sizes"]
-    ratio = f" ({sizes['in'] / sizes['out']:.2f}x smaller)" if sizes.get("out") else ""
-    out.append(f"| size | {_gb(sizes['in'])} before, {_gb(sizes['out'])} after{ratio} |")
-    out += ["", *_calibration_section(facts.get("calibration")), *_excluded_section(facts), *_verify_section(facts.get("verify"))]
+    out.append(_size_row(sizes))
+    out += ["", _sizes_comment(sizes), "", *_calibration_section(facts.get("calibration")), *_excluded_section(facts), *_verify_section(facts.get("verify"))]
     out += [_serve_block(facts, where), _MARKER, ""]
     if source_body:
         out += [_SOURCE_HEADING, "", source_body, ""]
     return "\n".join(out)
+
+
+def _size_row(sizes: dict) -> str:
+    ratio = f" ({sizes['in'] / sizes['out']:.2f}x smaller)" if sizes.get("out") else ""
+    return f"| size | {_gb(sizes['in'])} before, {_gb(sizes['out'])} after{ratio} |"
+
+
+# The exact byte counts behind the size row (invisible when rendered): `unpack` rewrites the row
+# for the plain tensors it writes without knowing the source.
+_SIZES = re.compile(r"^<!-- quantize sizes: in (\d+) out (\d+) -->$", re.M)
+
+
+def _sizes_comment(sizes: dict) -> str:
+    return f"<!-- quantize sizes: in {int(sizes['in'])} out {int(sizes['out'])} -->"
 
 
 def _describe(algo: str) -> str:
@@ -287,7 +300,21 @@ def mark_unpacked(folder: str, packed_from: str) -> None:
         text = f.read()
     text = re.sub(r"^\| layout \| .* \|$", f"| layout | plain (unpacked from `{packed_from}` with `quantize unpack`) |", text,
                   count=1, flags=re.M)
+    text = re.sub(r"^ *- [a-z]+-layout\n", "", text, count=1, flags=re.M)  # the front matter's packed-layout tag
+    found = _SIZES.search(text)
+    if found:  # the plain tensors' size, as a plain conversion's card states it
+        sizes = {"in": int(found.group(1)), "out": _tensor_bytes(folder)}
+        text = re.sub(r"^\| size \| .* \|$", lambda _: _size_row(sizes), text, count=1, flags=re.M)
+        text = _SIZES.sub(lambda _: _sizes_comment(sizes), text, count=1)
     _write(path, text)
+
+
+def _tensor_bytes(folder: str) -> int:
+    """The bytes of every tensor in `folder`'s shards (a plan's ``bytes_out``: data, no headers)."""
+    from ..checkpoint.safetensors_header import read_header
+
+    return sum(t.nbytes for f in sorted(os.listdir(folder)) if f.endswith(".safetensors")
+               for t in read_header(os.path.join(folder, f)).tensors.values())
 
 
 def _write(path: str, text: str) -> None:
