@@ -138,7 +138,8 @@ class WeightsDoc:
 
     def describe(self) -> dict:
         """What the output's metadata records (deterministic: no timings)."""
-        return {"method": self.request.get("method"), "sha256": self.sha256, **{k: v for k, v in self.summary.items() if k != "seconds"}}
+        return {"method": self.request.get("method"), "sha256": self.sha256, "data": self.request.get("data"),
+                **{k: v for k, v in self.summary.items() if k != "seconds"}}
 
 
 def load(folder: str) -> WeightsDoc:

@@ -71,7 +71,21 @@ def calibration_record(path: str) -> dict | None:
 
     nested = read_json_or_none(os.path.join(path, "hf_quant_config.json")) or {}
     cal = (nested.get("converter") or {}).get("calibration") if isinstance(nested.get("converter"), dict) else None
-    return cal.get("data") if isinstance(cal, dict) and cal.get("calibrated") else None
+    if isinstance(cal, dict) and cal.get("calibrated"):
+        return cal.get("data")
+    return _card_record(path)
+
+
+def _card_record(path: str) -> dict | None:
+    """The calibration data the card records (output/card.py's DATA_COMMENT): compressed-tensors
+    outputs and GPTQ / smoothed weights, whose documents have no calibration block."""
+    from ..calibration.record import read_data_comment
+
+    try:
+        with open(os.path.join(path, "README.md"), encoding="utf-8", errors="replace") as f:
+            return read_data_comment(f.read(1 << 20))
+    except OSError:
+        return None
 
 
 def overlap(eval_samples: list[list[int]], calib_samples: list[list[int]], n: int = NGRAM) -> float:
@@ -97,7 +111,8 @@ def calibration_overlap(record: dict | None, eval_meta: dict, eval_samples: list
                                                  int(record.get("seq_len") or 512))
     except (CalibrationError, UsageError, OSError) as exc:
         return None, f"calibration data {spec!r} could not be re-read ({exc})"
-    if meta.get("sha256") != record.get("sha256"):
+    if record.get("sha256") and meta.get("sha256") != record.get("sha256"):
         return None, f"calibration data {spec!r} changed since the conversion (sha256 differs)"
     share = overlap(eval_samples, calib_samples)
-    return share, f"{100 * share:.1f}% of the eval {NGRAM}-token windows occur in the calibration data ({spec!r})"
+    unhashed = "" if record.get("sha256") else "; no sha256 is recorded: compared with the data as it is now"
+    return share, f"{100 * share:.1f}% of the eval {NGRAM}-token windows occur in the calibration data ({spec!r}){unhashed}"

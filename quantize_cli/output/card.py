@@ -125,7 +125,15 @@ def calibration_facts(plan) -> dict | None:
     if cal is not None:
         data = cal.meta.get("data") or {}
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax)}
+                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax), "data": data}
+    weights = getattr(plan, "weights", None)  # --rounding gptq / --smooth: the weights were chosen on calibration data
+    data = (getattr(weights, "request", None) or {}).get("data")
+    if data:
+        method = weights.request.get("method") or {}
+        how = " and ".join(w for w in ("GPTQ rounding" if method.get("rounding") == "gptq" else None,
+                                       f"{method.get('smooth')} smoothing" if method.get("smooth", "none") != "none" else None) if w)
+        return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
+                "tokens": data.get("tokens"), "weights": how or "the weights", "data": data}
     from ..algorithms import static_input_scale
 
     # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
@@ -335,9 +343,14 @@ def _calibration_section(cal: dict | None) -> list[str]:
         lines.append("None needed: no static activation scale (weights only, or dynamic activation scales at serve time).")
     elif cal.get("calibrated"):
         what = [f"{cal['modules']} input scale(s)" if cal.get("modules") else None,
-                f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None]
+                f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None,
+                f"{cal['weights']} of the weights" if cal.get("weights") else None]
         lines.append(f"Calibrated on `{cal.get('dataset')}`: {', '.join(w for w in what if w) or 'scales'} from "
-                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s) ({cal.get('tokens')} tokens).")
+                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s)"
+                     + (f" ({cal.get('tokens')} tokens)." if cal.get("tokens") else "."))
+        from ..calibration.record import data_comment
+
+        lines += ["", data_comment(cal.get("data") or {})]
     else:
         value = cal.get("input_scale")
         inverse = " (compressed-tensors NVFP4 stores its inverse as `input_global_scale`)" if cal.get("inverse_stored") else ""

@@ -102,3 +102,20 @@ def test_a_cosine_gate_on_a_causal_lm_is_refused(tmp_path, llama_fp8):
     src, dst = llama_fp8
     r = run(dst, "--source", src, "--data", jsonl(tmp_path / "d.jsonl"), "--device", "cpu", "--min-cosine", "0.9")
     assert r.exit_code == 2 and "--min-cosine" in r.output and "--max-kl" in r.output
+
+
+@pytest.mark.parametrize("options", [{"algo": "W4A16_NVFP4", "rounding": "gptq"},
+                                     {"algo": "NVFP4", "format": "compressed-tensors"}], ids=["gptq", "ct-nvfp4"])
+def test_eval_finds_the_calibration_of_gptq_and_compressed_tensors_outputs(tmp_path, options):
+    """Issue 36 item 8: the card says what the calibration decided, and eval's overlap check runs."""
+    from quantize_cli.eval import run_eval
+    from tests.calibration.test_gptq_convert import _outlier_llama
+
+    src = _outlier_llama(str(tmp_path / "src"))
+    calib = jsonl(tmp_path / "calib.jsonl", [[(i * 13 + k) % 200 for i in range(40)] for k in range(3)])
+    dst = convert(src, str(tmp_path / "dst"), calib_data=calib, device="cpu", quiet=True, **options).dst
+    card = open(f"{dst}/README.md").read()
+    assert "None needed" not in card and f"Calibrated on `{calib}`" in card
+    res = run_eval(dst, source=src, data=calib, device="cpu")
+    assert res.data["calibration_overlap"] == 1.0, res.data["overlap_text"]
+    assert any("eval and calibration data overlap" in w for w in res.warnings)
