@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 DEFAULT_SAMPLES = 64
 DEFAULT_SEQ_LEN = 512
-_HOPPER_WEIGHT_ONLY = {"NVFP4": "FP4", "MXFP8": "MX"}
 
 
 def run_eval(dst: str, source: str | None = None, data: str = "default", samples: int = DEFAULT_SAMPLES,
@@ -235,8 +234,10 @@ def _warnings(result: EvalResult, served, src) -> list[str]:
     if share:
         out.append(f"eval and calibration data overlap: {result.data['overlap_text']}; the figures flatter the "
                    "static scales; evaluate on other text (--data)")
+    from ..algorithms import ALGORITHMS
+
     algos = {s.algo for s in served.linears.values()}
-    for algo, what in _HOPPER_WEIGHT_ONLY.items():
+    for algo, what in ((a.name, a.blackwell_kernels) for a in ALGORITHMS.values() if a.blackwell_kernels):
         if algo in algos and not result.run.get("weights_only"):
             out.append(f"{algo}: activations are quantized as vLLM's native {what} kernels do (Blackwell); on Hopper vLLM "
                        f"serves {algo} weight-only (Marlin): rerun with --weights-only for that figure")
