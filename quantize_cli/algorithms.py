@@ -57,6 +57,9 @@ class Algorithm:
             (``NVFP4_AWQ``: export/quant_utils.py ``process_layer_quant_config``), plus a
             ``pre_quant_scale`` per Linear where it could not fold it into a norm or Linear; None:
             no other name (INT4's ``W4A16_AWQ`` is both). Read only (``quantize eval``).
+        blackwell_kernels: the native activation-quantizing kernels vLLM has only on Blackwell
+            (``FP4``, ``MX``); on Hopper it serves the algorithm weight-only (Marlin). None: the
+            same kernels on both (``quantize eval`` says which figure it measured).
     """
 
     name: str
@@ -68,6 +71,7 @@ class Algorithm:
     shares_global_amax: bool = False
     group_size: int | None = None
     awq_quant_algo: str | None = None
+    blackwell_kernels: str | None = None
 
     @property
     def static(self) -> bool:
@@ -84,7 +88,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations", "fp8"),
     Algorithm("NVFP4", "NVFP4", "static", "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); "
               "static global + dynamic group FP4 activations", "nvfp4", activation_bound=E4M3_MAX * E2M1_MAX,
-              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ"),
+              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ", blackwell_kernels="FP4"),
     # W4A16_NVFP4_CFG with awq_lite is NVFP4_AWQ too: get_quantization_format tests for a
     # pre_quant_scale before it tests for a disabled input quantizer (it writes no input_scale)
     Algorithm("W4A16_NVFP4", "W4A16_NVFP4", "none", "NVFP4 weights (E2M1, 16-element groups); 16-bit activations", "nvfp4",
@@ -92,7 +96,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("INT8", "W8A16", "none", "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations "
               "(compressed-tensors W8A8: dynamic per-token int8)", "int8"),
     Algorithm("MXFP8", "MXFP8", "dynamic", "MXFP8 e4m3 weights with one power-of-two (e8m0) scale per 32 along K; "
-              "dynamic MX activations", "mxfp8", group_size=MX_BLOCK),
+              "dynamic MX activations", "mxfp8", group_size=MX_BLOCK, blackwell_kernels="MX"),
     # ModelOpt calls group-128 int4 weight-only W4A16_AWQ, AWQ-smoothed or not; it never writes zero points
     Algorithm("INT4", "W4A16_AWQ", "none", "int4 weights with one scale per 128-element group (W4A16, symmetric); "
               "16-bit activations", "int4", group_size=INT4_GROUP),

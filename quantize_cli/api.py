@@ -126,20 +126,31 @@ def push(dst: str, repo_id: str, private: bool = False, revision_out: str | None
 
 def eval(dst: str, source: str | None = None, data: str = "default", samples: int | None = None, seq_len: int | None = None,
          device: str = "auto", json: str | None = None, max_ppl_increase: float | None = None, max_kl: float | None = None,
-         min_top1: float | None = None, weights_only: bool = False, quiet: bool = False, console: Console | None = None):
+         min_top1: float | None = None, weights_only: bool = False, quiet: bool = False, console: Console | None = None,
+         min_cosine: float | None = None, min_sample_cosine: float | None = None):
     """``quantize eval``: measure `dst` as served (vs `source`); raise CheckFailed when a gate fails.
 
-    The result is printed (the last line: verdict and key numbers) and written to `json` either way."""
-    from .errors import CheckFailed
+    The result is printed (the last line: verdict and key numbers) and written to `json` either way;
+    a refusal once the options are checked (unreadable DST or data, a gate of the other kind of
+    model) writes `json` too, with ``ok: false`` and the error."""
+    from .errors import CheckFailed, QuantizeError
     from .eval import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, run_eval
     from .eval.progress import layer_bar
 
     if json:
         check_json_output(json, "--json", (dst if os.path.isdir(dst) else None, source if source and os.path.isdir(source) else None))
-    with layer_bar(quiet) as bar:
-        result = run_eval(dst, source=source, data=data, samples=samples or DEFAULT_SAMPLES, seq_len=seq_len or DEFAULT_SEQ_LEN,
-                          device=device, weights_only=weights_only, max_ppl_increase=max_ppl_increase, max_kl=max_kl,
-                          min_top1=min_top1, progress=bar)
+    try:
+        with layer_bar(quiet) as bar:
+            result = run_eval(dst, source=source, data=data, samples=samples or DEFAULT_SAMPLES,
+                              seq_len=seq_len or DEFAULT_SEQ_LEN, device=device, weights_only=weights_only,
+                              max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, min_cosine=min_cosine,
+                              min_sample_cosine=min_sample_cosine, progress=bar)
+    except QuantizeError as exc:  # CI reads the JSON for every outcome (docs/ci.md)
+        if json:
+            from .eval.report import refusal_json
+
+            write_json(json, refusal_json(dst, source, exc))
+        raise
     print(result.to_text(), flush=True)  # its warnings included
     if json:
         write_json(json, result.to_json())

@@ -16,7 +16,7 @@ import click
 from . import __version__
 from .algorithms import ALGOS, ALIAS_FORMAT, canonical_algo
 from .errors import QuantizeError, format_error
-from .signals import stop_on_signals
+from .signals import exit_quietly_on_repeat, stop_on_signals
 
 FORMAT = click.Choice(["modelopt", "compressed-tensors"], case_sensitive=False)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -34,6 +34,7 @@ def _run(debug: bool, fn, *args, **kwargs):
     except KeyboardInterrupt:
         if debug:
             raise
+        exit_quietly_on_repeat()  # a second Ctrl-C during the exit: no atexit traceback
         click.echo("error: interrupted; no finished output was written", err=True)
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback without --debug
@@ -87,7 +88,12 @@ def calib_options(fn):
 
 
 def gate_options(fn):
-    """--max-ppl-increase, --max-kl, --min-top1: eval's gates (eval and convert --eval; eval/report.py)."""
+    """--max-ppl-increase, --max-kl, --min-top1 (a causal LM), --min-cosine, --min-sample-cosine (an
+    encoder): eval's gates (eval and convert --eval; eval/report.py)."""
+    fn = click.option("--min-sample-cosine", type=float, metavar="C",
+                      help="Encoder gate: exit 1 if any sample's embedding cosine to SRC's is below C.")(fn)
+    fn = click.option("--min-cosine", type=float, metavar="C",
+                      help="Encoder gate: exit 1 if the mean embedding cosine to SRC's is below C.")(fn)
     fn = click.option("--min-top1", type=float, metavar="F", help="Gate: exit 1 if the top-1 agreement with SRC is below F (0..1).")(fn)
     fn = click.option("--max-kl", type=float, metavar="X", help="Gate: exit 1 if the mean KL divergence from SRC exceeds X (nats).")(fn)
     return click.option("--max-ppl-increase", type=float, metavar="PCT",
@@ -254,14 +260,16 @@ def verify(dst, source, json_path, strict, quiet, debug):
 @gate_options
 @click.option("--weights-only", is_flag=True, help="Activations and KV cache unquantized (weight-only kernels, e.g. NVFP4 on Hopper).")
 @common
-def eval_command(dst, source, data, samples, seq_len, device, json_path, max_ppl_increase, max_kl, min_top1, weights_only, quiet, debug):
+def eval_command(dst, source, data, samples, seq_len, device, json_path, max_ppl_increase, max_kl, min_top1, min_cosine,
+                 min_sample_cosine, weights_only, quiet, debug):
     """Measure converted checkpoint DST as the serving engine computes it (perplexity, KL, top-1 vs SRC)."""
 
     def go():
         from .api import eval as run
 
         run(dst, source=source, data=data, samples=samples, seq_len=seq_len, device=device, json=json_path,
-            max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, weights_only=weights_only, quiet=quiet)
+            max_ppl_increase=max_ppl_increase, max_kl=max_kl, min_top1=min_top1, min_cosine=min_cosine,
+            min_sample_cosine=min_sample_cosine, weights_only=weights_only, quiet=quiet)
 
     _run(debug, go)
     _fast_exit()

@@ -281,8 +281,9 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             doc["eval"] = exc.eval
         report.write_failure(doc, con.warn)
         raise
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (signals.py): resumable; --report says so (exit 130)
         work.keep_for_resume(con.warn)
+        report.write_failure(run_report(plan, options, stats, timings, None, status="interrupted", error="interrupted"), con.warn)
         raise
     except BaseException:
         work.discard()

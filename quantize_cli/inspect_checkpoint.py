@@ -30,10 +30,13 @@ def inspect_checkpoint(path: str, revision: str | None = None) -> str:
         infos = [t for f in shards for t in read_header(regular_file_inside(path, f)).tensors.values()]
         config, nested = _json(os.path.join(path, "config.json")), _json(os.path.join(path, "hf_quant_config.json"))
     else:
-        from .repo_id import is_repo_id
+        from .repo_id import is_repo_id, local_reason
 
-        if os.path.exists(path) or path.startswith((".", "/", "~")) or not is_repo_id(path):
+        if os.path.exists(path) or not is_repo_id(path):
             raise SourceError(f"{path}: not a folder, a Hub repo id (owner/name) or example:NAME; inspect takes a checkpoint")
+        reason = local_reason(path, revision)
+        if reason:
+            raise SourceError(f"{path}: no such folder ({reason}, so it is not looked up on the Hub); check the path")
         config, tensors, shards, nested = _hub(path, revision)
         infos = list(tensors.values())
     return summary(path, len(shards), infos, config, nested)
@@ -64,7 +67,8 @@ def summary(label: str, n_shards: int, infos, config: dict | None, nested: dict 
     lines = [f"{label}: {count(n_shards, 'shard')}, {count(sum(c for c, _ in by_dtype.values()), 'tensor')}, {human_bytes(total)}"]
     if config:
         lines.append(f"model_type {config.get('model_type')!r}, {config.get('num_hidden_layers')} layers, "
-                     f"hidden {config.get('hidden_size')}, dtype {config.get('torch_dtype') or config.get('dtype')}")
+                     f"hidden {config.get('hidden_size')}" + (f", dtype {dtype}" if (dtype := config.get('torch_dtype')
+                                                                                       or config.get('dtype')) else ""))
     lines += [f"  {dtype:<8} {n:>6} tensor{'s' if n != 1 else ' '}  {human_bytes(size)}" for dtype, (n, size) in sorted(by_dtype.items())]
     quant = (config or {}).get("quantization_config")
     from .formats import COMPRESSED_TENSORS, format_of_config

@@ -84,6 +84,21 @@ def stop_on_signals(fn):
     return wrapper
 
 
+def exit_quietly_on_repeat() -> None:
+    """After an interrupt was handled and the process is exiting: a further stop signal exits at
+    once (status 130) instead of raising inside the interpreter's atexit hooks (thread joins of
+    torch / Ray / concurrent.futures), which prints a traceback. Main thread only."""
+    if not _in_main_thread():
+        return
+
+    def _exit(signum, frame):
+        os._exit(EXIT_INTERRUPTED)
+
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _exit)
+
+
 @contextlib.contextmanager
 def deferred():
     """Hold back the stop signals for the duration of the block; deliver them when it ends.

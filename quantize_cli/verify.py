@@ -22,6 +22,10 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
         res.add(ERROR, "missing-file", path, f"{path}: no such checkpoint folder")
         return res
     fmt, config = detect_output(path)
+    if config is not None and "quantization_config" not in config and not os.path.lexists(os.path.join(path, "hf_quant_config.json")):
+        res.add(ERROR, "not-quantized", path, f"{path}: not quantized (config.json has no quantization_config, no "
+                "hf_quant_config.json); verify checks a converted checkpoint: run `quantize convert` on it first")
+        return res
     fmt.verify(path, config, res, source)
     return res
 

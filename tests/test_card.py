@@ -156,3 +156,21 @@ def test_card_of_a_mixed_compressed_tensors_output_says_its_format_algorithms_an
     assert "quantize convert ./src -o out --algo NVFP4 --algo-for '*self_attn*=FP8_PB_WO' --format compressed-tensors" in text
     assert "| algorithm | `NVFP4` on" in text and "| algorithm | `FP8_PB_WO` on" in text
     assert "| format | compressed-tensors (`quantization_config` in config.json) |" in text
+
+
+def test_unpack_of_a_marlin_output_card_states_the_plain_facts(tiny_llama, tmp_path):
+    """Issue 35 item 19: the marlin-layout tag and the packed size row go; the card equals the plain one's facts."""
+    plain, packed, unpacked = (str(tmp_path / n) for n in ("plain", "packed", "unpacked"))
+    convert(tiny_llama, plain, algo="NVFP4", quiet=True)
+    convert(tiny_llama, packed, algo="NVFP4", layout="marlin", quiet=True)
+    assert "marlin-layout" in open(os.path.join(packed, "README.md")).read()
+    unpack(packed, unpacked, quiet=True)
+    text, want = (open(os.path.join(d, "README.md")).read() for d in (unpacked, plain))
+    assert "marlin-layout" not in text
+
+    def row(t, name):
+        return next(line for line in t.splitlines() if line.startswith(f"| {name} |"))
+
+    assert row(text, "size") == row(want, "size")
+    front = text.split("---")[1]
+    assert front == want.split("---")[1]

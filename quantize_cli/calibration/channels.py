@@ -58,11 +58,10 @@ def save(json_path: str, channels: dict[str, torch.Tensor]) -> tuple[dict, dict[
         keys[name] = seen.setdefault(digest, name)
         unique.setdefault(keys[name], t)
     path = os.path.join(os.path.dirname(json_path), sidecar_name(json_path))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:  # open(): the user's umask, as for the JSON (save_file makes it 0600)
-            f.write(to_bytes(unique, metadata={"format": "quantize-act-channels", "statistic": STATISTIC}))
-        os.replace(tmp, path)
+    from ..checkpoint.durable import write_atomic
+
+    try:  # the one durable writer (fsync, then rename); the user's umask, as for the JSON
+        write_atomic(path, to_bytes(unique, metadata={"format": "quantize-act-channels", "statistic": STATISTIC}))
     except OSError as exc:
         raise CalibrationError(f"-o {json_path}: cannot write {path} ({exc.strerror or exc}); check the folder and permissions") from None
     block = {"file": os.path.basename(path), "sha256": file_sha256(path), "bytes": os.path.getsize(path),

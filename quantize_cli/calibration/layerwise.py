@@ -115,7 +115,7 @@ class Layerwise:
         chosen = []
         for m in maps:
             st = stats.of(f"{prefix}.{m.balance[0]}")
-            if st is None or st.tokens == 0:
+            if st is None or st.tokens == 0 or self._touches_kept(block, prefix, m, mine):
                 continue
             balance = [self._balance(block, prefix, b, mine) for b in m.balance]
             scheme = next((b.scheme for b in balance if b.scheme is not None), None)
@@ -128,6 +128,16 @@ class Layerwise:
                 self.report["smooth_loss"] += info["loss"]
                 self.report["smooth_loss_unsmoothed"] += info["loss_unsmoothed"]
         return chosen
+
+    @staticmethod
+    def _touches_kept(block, prefix: str, m, mine: dict) -> bool:
+        """Would mapping `m` rewrite a Linear that is not quantized (``--exclude``, a recipe's kept
+        layer)? Its scales fold into the balance Linears' columns and out of a Linear prev's rows; a
+        kept module must keep the source bytes the card and ``exclude_modules`` promise (issue 35)."""
+        kept = [b for b in m.balance if f"{prefix}.{b}" not in mine]
+        if isinstance(smooth._get(block, m.prev), torch.nn.Linear) and f"{prefix}.{m.prev}" not in mine:
+            kept.append(m.prev)
+        return bool(kept)
 
     def _balance(self, block, prefix: str, rel: str, mine: dict) -> smooth.Balance:
         name = f"{prefix}.{rel}"

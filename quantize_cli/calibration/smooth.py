@@ -201,7 +201,7 @@ def _weight_mean(weights: list[torch.Tensor], groups: list[int]) -> torch.Tensor
 
 
 def _group_along_k(scheme, k: int) -> int:
-    g = getattr(scheme, "group_size", None) or (128 if "PB" in getattr(scheme, "algo", "") else k)
+    g = getattr(scheme, "k_group", None) or k  # the scheme's own fact, not a table of names
     return g if k % g == 0 else k
 
 

@@ -57,13 +57,15 @@ class WeightsWriter:
         self.counts["quantized"] += 1
 
     def flush(self) -> None:
-        """Write what the current block added (nothing: no file)."""
-        from safetensors.torch import save_file
+        """Write what the current block added (nothing: no file), durably (checkpoint/durable.py)."""
+        from safetensors.torch import save
+
+        from ..checkpoint.durable import write_atomic
 
         for kind, tensors in (("source", self._source), ("quantized", self._quantized)):
             if tensors:
                 name = f"{kind}-{self._block:05d}.safetensors"
-                save_file(tensors, os.path.join(self.folder, name))
+                write_atomic(os.path.join(self.folder, name), save(tensors))
                 self.files.append(name)
                 if kind == "source":
                     self.counts["replaced"] += len(tensors)
@@ -75,11 +77,9 @@ class WeightsWriter:
         digest = _digest(self.folder, self.files)
         doc = {"format": FORMAT, "version": VERSION, "request": self.request, "files": self.files, "sha256": digest,
                "summary": {**summary, **self.counts}}
-        tmp = os.path.join(self.folder, INDEX + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, os.path.join(self.folder, INDEX))
+        from ..checkpoint.durable import write_json
+
+        write_json(os.path.join(self.folder, INDEX), doc, indent=1, sort_keys=True)
         return load(self.folder)
 
 
@@ -138,7 +138,8 @@ class WeightsDoc:
 
     def describe(self) -> dict:
         """What the output's metadata records (deterministic: no timings)."""
-        return {"method": self.request.get("method"), "sha256": self.sha256, **{k: v for k, v in self.summary.items() if k != "seconds"}}
+        return {"method": self.request.get("method"), "sha256": self.sha256, "data": self.request.get("data"),
+                **{k: v for k, v in self.summary.items() if k != "seconds"}}
 
 
 def load(folder: str) -> WeightsDoc:

@@ -149,7 +149,9 @@ def deepseek_config(hidden=256, layers=2, experts=4, vocab=512) -> dict:
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": hidden,
         "intermediate_size": 2 * hidden, "moe_intermediate_size": 128, "n_routed_experts": experts,
         "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "num_hidden_layers": layers,
-        "n_group": 1, "topk_group": 1,  # transformers' router groups (its defaults, 8 and 4, do not divide 4 experts: issue 35)
+        # transformers' DeepseekV3 router groups experts by n_group / topk_group (defaults 8 / 4 reshape 4
+        # experts into 8 groups of 0 and crash every forward): one group, as a model without grouping
+        "n_group": 1, "topk_group": 1,
         "num_nextn_predict_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 128,
         "kv_lora_rank": 128, "qk_rope_head_dim": 64, "qk_nope_head_dim": 64, "v_head_dim": 64,
         "vocab_size": vocab, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",

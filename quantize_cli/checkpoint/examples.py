@@ -14,7 +14,7 @@ import tempfile
 
 from ..errors import SourceError
 
-EXAMPLE_VERSION = 3  # 2: the examples ship a tokenizer (example_tokenizer.py); 3: tiny-deepseek's router groups
+EXAMPLE_VERSION = 3  # 2: the examples ship a tokenizer (example_tokenizer.py); 3: tiny-deepseek runs (n_group)
 
 # The generators are in example.EXAMPLES, under these names (example.py checks that they agree).
 NAMES = ("tiny-llama", "tiny-qwen3-moe", "tiny-qwen3-moe-fused", "tiny-deepseek")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SourceError
 from ..jsonfile import JsonFileError, first_line, load_json
-from ..repo_id import is_repo_id
+from ..repo_id import is_repo_id, local_reason
 from .safetensors_header import FLOAT_SOURCE_DTYPES, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -64,12 +64,11 @@ def refuse_missing(src: str) -> None:
         return
     if os.path.exists(src):
         raise SourceError(f"{src}: is a file; SRC must be a checkpoint folder or a Hub repo id (owner/name)")
-    if src.startswith((".", "/", "~")) or not is_repo_id(src, owner_required=False):
+    if not is_repo_id(src, owner_required=False):
         raise SourceError(f"{src}: no such folder, and not a Hub repo id (owner/name); check the path")
-    owner = src.split("/", 1)[0]
-    if "/" in src and os.path.isdir(owner):  # `out/nonexist` beside a folder `out`: a mistyped path, not a repo (issue 36)
-        raise SourceError(f"{src}: no such folder ({owner}/ is a folder here, so this is taken for a path, not a Hub "
-                          f"repo id); check the path (for a Hub repo whose owner is also a folder name here, run from another folder)")
+    reason = local_reason(src)
+    if reason:
+        raise SourceError(f"{src}: no such folder ({reason}, so it is not looked up on the Hub); check the path")
 
 
 def _download(repo_id: str, revision: str | None, quiet: bool) -> str:

@@ -17,20 +17,19 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import UsageError
-from .report import EvalResult, Gate, check_gates
+from .report import GATES as _GATE_RULES, EvalResult, Gate, check_gates
 
 if TYPE_CHECKING:
     import torch
 
 DEFAULT_SAMPLES = 64
 DEFAULT_SEQ_LEN = 512
-_HOPPER_WEIGHT_ONLY = {"NVFP4": "FP4", "MXFP8": "MX"}
 
 
 def run_eval(dst: str, source: str | None = None, data: str = "default", samples: int = DEFAULT_SAMPLES,
              seq_len: int = DEFAULT_SEQ_LEN, device: str | torch.device = "auto", weights_only: bool = False,
              max_ppl_increase: float | None = None, max_kl: float | None = None, min_top1: float | None = None,
-             calib_data: str | None = None, progress: Callable[[int, int], None] | None = None,
+             min_cosine: float | None = None, min_sample_cosine: float | None = None, calib_data: str | None = None, progress: Callable[[int, int], None] | None = None,
              batch_tokens: int | None = None, observe: Callable | None = None) -> EvalResult:
     """Measure converted checkpoint `dst` as served (and against `source`, in the same pass).
 
@@ -43,7 +42,9 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
         device: ``auto`` (GPU when present), ``cpu``, ``cuda[:N]``.
         weights_only: keep activations and the KV cache unquantized (what weight-only kernels such
             as Marlin serve where the GPU lacks FP4 / MX support, e.g. NVFP4 on Hopper).
-        max_ppl_increase, max_kl, min_top1: gates (percent, nats, fraction); need `source`.
+        max_ppl_increase, max_kl, min_top1: a causal LM's gates (percent, nats, fraction); need `source`.
+        min_cosine, min_sample_cosine: an encoder's gates (the mean and the lowest sample's embedding
+            cosine to the source's); need `source`. A gate of the other kind is refused (UsageError).
         calib_data: the data the scales were calibrated on, when the checkpoint does not record it
             (compressed-tensors), to warn about overlap with `data`.
         progress: ``progress(layers_done, layers)`` after each layer.
@@ -51,8 +52,14 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     Returns an :class:`EvalResult` (``passed`` is False when a gate failed; nothing is raised for it).
     Raises UsageError (bad options), SourceError / CalibrationError (unreadable checkpoint or data).
     """
-    limits = {"max_ppl_increase": max_ppl_increase, "max_kl": max_kl, "min_top1": min_top1}
+    limits = {"max_ppl_increase": max_ppl_increase, "max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine,
+              "min_sample_cosine": min_sample_cosine}
     _check_options(source, limits, samples, seq_len)
+    from ..checkpoint.source import refuse_missing
+
+    for path in (dst, source):  # a mistyped local path is said now, before torch and any Hub request
+        if path and not path.startswith("example:"):
+            refuse_missing(path)
     import sys
 
     import torch
@@ -73,7 +80,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     config = served.source.config
     src = open_source(source) if source else None
     if src is not None:
-        _check_pair(served.source, src)
+        _check_pair(served.source, src, served.layout)
     seq_len = min(seq_len, _max_positions(config) or seq_len)
     ids, meta = _samples(data, served.source.root, src.root if src else None, _vocab(config), samples, seq_len)
     record = eval_data.calibration_record(served.source.root) or ({"spec": calib_data} if calib_data else None)
@@ -82,18 +89,16 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     sk_dst, causal = build(served.source.root, config, served.tensors)
     dst_side = forward.Side(sk_dst, forward.ServedLoader(served, dev))
     src_side = forward.Side(build(src.root, src.config, src.tensors)[0], forward.SourceLoader(src.tensors)) if src else None
-    if not causal and any(v is not None for v in limits.values()):
-        raise UsageError(f"{dst}: an encoder (no causal LM head) has no perplexity, KL or top-1; its gate is the embedding "
-                         "cosine reported; drop --max-ppl-increase / --max-kl / --min-top1")
-    out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS, observe)
-    if causal and not out.lm.positions:  # a gate can never pass on nothing (it used to: perplexity 1, KL 0)
+    kind = "causal-lm" if causal else "encoder"
+    _check_gate_kind(dst, kind, limits)
+    if causal and not sum(len(s) - 1 for s in ids):  # a gate must never pass on nothing measured
         from ..errors import CalibrationError
 
-        raise CalibrationError(f"--data {data}: no position was scored (every sample is {max(map(len, ids), default=0)} token(s) "
-                               "long; one token predicts the next); give longer text or a larger --seq-len")
+        raise CalibrationError(f"--data {data}: every sample is 1 token long, so no position is scored (a causal LM is "
+                               "scored on the next token); give longer samples (at least 2 tokens each) or --seq-len >= 2")
+    out = forward.run(dst_side, src_side, ids, dev, causal, progress, batch_tokens or BATCH_TOKENS, observe)
     metrics = out.lm.summary(src is not None) if causal else (out.encoder.summary() if out.encoder else {})
-    result = EvalResult(dst, source, "causal-lm" if causal else "encoder", _describe(served), meta, metrics, out.layers,
-                        check_gates(metrics, limits) if causal else [])
+    result = EvalResult(dst, source, kind, _describe(served), meta, metrics, out.layers, check_gates(metrics, limits))
     result.run = {"device": str(dev), "dtype": "float32", "weights_only": weights_only, "batches": out.batches,
                   "peak_blocks_materialized": out.peak_blocks, "forward_seconds": round(out.seconds, 3),
                   "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time() - cpu0, 3),
@@ -103,7 +108,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     return result
 
 
-GATES = ("max_ppl_increase", "max_kl", "min_top1")  # the gate options, as keywords (``--max-kl`` on the CLI)
+GATES = tuple(_GATE_RULES)  # the gate options, as keywords (``--max-kl`` on the CLI)
 # convert --eval's own --eval-data / --eval-samples / --eval-seq-len: run_eval's data, samples, seq_len
 SETTINGS = {"eval_data": "data", "eval_samples": "samples", "eval_seq_len": "seq_len"}
 
@@ -138,6 +143,9 @@ def _check_options(source, limits: dict, samples: int, seq_len: int) -> None:
         raise UsageError(f"{', '.join(given)} compare(s) with the unquantized model: give --source SRC")
     if limits.get("min_top1") is not None and not 0 <= limits["min_top1"] <= 1:
         raise UsageError(f"--min-top1 {limits['min_top1']}: a fraction between 0 and 1")
+    for name in ("min_cosine", "min_sample_cosine"):
+        if limits.get(name) is not None and not -1 <= limits[name] <= 1:
+            raise UsageError(f"--{name.replace('_', '-')} {limits[name]}: a cosine between -1 and 1")
     for name in ("max_kl",):
         if limits.get(name) is not None and limits[name] < 0:
             raise UsageError(f"--{name.replace('_', '-')} {limits[name]}: must be >= 0")
@@ -145,25 +153,51 @@ def _check_options(source, limits: dict, samples: int, seq_len: int) -> None:
         raise UsageError(f"--samples {samples} --seq-len {seq_len}: need at least 1 sample of at least 2 tokens")
 
 
-# What DST and --source must share: the architecture and every dimension its tensors' shapes come
-# from (an --source with another intermediate size was evaluated, exit 0: issue 35).
-PAIRED = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-          "head_dim", "moe_intermediate_size", "num_experts", "n_routed_experts")
+def _check_gate_kind(dst: str, kind: str, limits: dict) -> None:
+    """A gate measures one kind of model (report.GATES): a causal LM has no embedding cosine gate, an
+    encoder no perplexity, KL or top-1."""
+    wrong = [_GATE_RULES[k][2] for k, v in limits.items() if v is not None and _GATE_RULES[k][3] != kind]
+    if wrong:
+        right = " / ".join(rule[2] for rule in _GATE_RULES.values() if rule[3] == kind)
+        what = ("an encoder (no causal LM head) has no perplexity, KL or top-1" if kind == "encoder"
+                else "a causal LM is gated on its next-token predictions, not on embedding cosines")
+        raise UsageError(f"{dst}: {what}; drop {' / '.join(wrong)} and gate with {right}")
 
 
-def _check_pair(dst_source, src) -> None:
+def _check_pair(dst_source, src, layout: str | None = None) -> None:
     """SRC must be the same architecture and vocabulary (its tokens are scored against DST's)."""
     from ..calibration import _vocab
     from ..errors import SourceError
 
     a, b = dst_source.config, src.config
-    for key in PAIRED:
+    for key in ("model_type", "hidden_size", "num_hidden_layers"):
         if a.get(key) != b.get(key):
             raise SourceError(f"--source {src.label}: {key} {b.get(key)!r} differs from DST's {a.get(key)!r}; "
                               "give the checkpoint DST was converted from")
     if _vocab(a) != _vocab(b):
         raise SourceError(f"--source {src.label}: vocab_size {_vocab(b)} differs from DST's {_vocab(a)}; "
                           "give the checkpoint DST was converted from")
+    _check_shapes(dst_source, src, layout)
+
+
+def _check_shapes(dst_source, src, layout: str | None) -> None:
+    """SRC's tensors must have DST's shapes: a tensor DST keeps in a float dtype (norms, embeddings,
+    excluded Linears) has SRC's shape, a quantized one (FP8, packed FP4 / INT4 with its scales) keeps
+    the output rows first in the plain layout. A source with another intermediate size is refused
+    here, naming the tensor, instead of being scored against DST."""
+    from ..checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES
+    from ..errors import SourceError
+
+    for name, info in dst_source.tensors.items():
+        other = src.tensors.get(name)
+        if other is None or not info.shape or not other.shape:
+            continue
+        plain = info.dtype in FLOAT_SOURCE_DTYPES and other.dtype in FLOAT_SOURCE_DTYPES
+        if not plain and layout not in (None, "plain"):
+            continue  # a repacked weight (Marlin): its rows are permuted tiles
+        if (tuple(info.shape) != tuple(other.shape)) if plain else info.shape[0] != other.shape[0]:
+            raise SourceError(f"--source {src.label}: {name} has shape {list(other.shape)}, DST's is {list(info.shape)}; "
+                              "give the checkpoint DST was converted from")
 
 
 def _samples(spec, root, src_root, vocab, samples, seq_len):
@@ -200,8 +234,10 @@ def _warnings(result: EvalResult, served, src) -> list[str]:
     if share:
         out.append(f"eval and calibration data overlap: {result.data['overlap_text']}; the figures flatter the "
                    "static scales; evaluate on other text (--data)")
+    from ..algorithms import ALGORITHMS
+
     algos = {s.algo for s in served.linears.values()}
-    for algo, what in _HOPPER_WEIGHT_ONLY.items():
+    for algo, what in ((a.name, a.blackwell_kernels) for a in ALGORITHMS.values() if a.blackwell_kernels):
         if algo in algos and not result.run.get("weights_only"):
             out.append(f"{algo}: activations are quantized as vLLM's native {what} kernels do (Blackwell); on Hopper vLLM "
                        f"serves {algo} weight-only (Marlin): rerun with --weights-only for that figure")

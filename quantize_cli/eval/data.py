@@ -66,18 +66,26 @@ def _text(spec: str, root: str, seq_len: int, samples: int) -> tuple[list[list[i
 
 
 def calibration_record(path: str) -> dict | None:
-    """The calibration data a converted checkpoint records (ModelOpt: ``converter.calibration.data``,
-    or ``converter.weights.data`` for GPTQ / smoothing; compressed-tensors records none)."""
+    """The calibration data a converted checkpoint records (ModelOpt: ``converter.calibration.data``)."""
     from ..jsonfile import read_json_or_none
 
     nested = read_json_or_none(os.path.join(path, "hf_quant_config.json")) or {}
-    converter = nested.get("converter") if isinstance(nested.get("converter"), dict) else {}
-    cal = converter.get("calibration")
+    cal = (nested.get("converter") or {}).get("calibration") if isinstance(nested.get("converter"), dict) else None
     if isinstance(cal, dict) and cal.get("calibrated"):
         return cal.get("data")
-    weights = converter.get("weights")  # GPTQ / smoothing without static scales: the data their forward ran on
-    data = weights.get("data") if isinstance(weights, dict) else None
-    return data if isinstance(data, dict) and data.get("spec") else None
+    return _card_record(path)
+
+
+def _card_record(path: str) -> dict | None:
+    """The calibration data the card records (output/card.py's DATA_COMMENT): compressed-tensors
+    outputs and GPTQ / smoothed weights, whose documents have no calibration block."""
+    from ..calibration.record import read_data_comment
+
+    try:
+        with open(os.path.join(path, "README.md"), encoding="utf-8", errors="replace") as f:
+            return read_data_comment(f.read(1 << 20))
+    except OSError:
+        return None
 
 
 def overlap(eval_samples: list[list[int]], calib_samples: list[list[int]], n: int = NGRAM) -> float:
@@ -103,7 +111,8 @@ def calibration_overlap(record: dict | None, eval_meta: dict, eval_samples: list
                                                  int(record.get("seq_len") or 512))
     except (CalibrationError, UsageError, OSError) as exc:
         return None, f"calibration data {spec!r} could not be re-read ({exc})"
-    if meta.get("sha256") != record.get("sha256"):
+    if record.get("sha256") and meta.get("sha256") != record.get("sha256"):
         return None, f"calibration data {spec!r} changed since the conversion (sha256 differs)"
     share = overlap(eval_samples, calib_samples)
-    return share, f"{100 * share:.1f}% of the eval {NGRAM}-token windows occur in the calibration data ({spec!r})"
+    unhashed = "" if record.get("sha256") else "; no sha256 is recorded: compared with the data as it is now"
+    return share, f"{100 * share:.1f}% of the eval {NGRAM}-token windows occur in the calibration data ({spec!r}){unhashed}"

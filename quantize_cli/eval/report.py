@@ -1,9 +1,11 @@
 """The eval result: text for humans, JSON for CI (``--json``), and the gate.
 
-Gates (each needs ``--source``; a causal LM): ``--max-ppl-increase PCT`` (perplexity increase over
+Gates (each needs ``--source``). A causal LM: ``--max-ppl-increase PCT`` (perplexity increase over
 the source, percent), ``--max-kl X`` (mean KL of the next-token distributions, nats),
-``--min-top1 F`` (top-1 agreement, 0..1). A failed gate makes ``quantize eval`` exit 1 with the
-figure that failed; the JSON is written either way.
+``--min-top1 F`` (top-1 agreement, 0..1). An encoder: ``--min-cosine C`` (the mean over samples of
+the cosine of the mean-pooled embeddings to the source's) and ``--min-sample-cosine C`` (the lowest
+sample's). A gate of the other kind of model is refused. A failed gate makes ``quantize eval`` exit
+1 with the figure that failed; the JSON is written either way.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from ..errors import display
 
 SCHEMA_VERSION = 1  # docs/ci.md: bumped when a key is removed or changes meaning
 
-# gate name -> (metric key, direction, how the limit is said)
-GATES = {"max_ppl_increase": ("perplexity_increase_pct", "max", "--max-ppl-increase"),
-         "max_kl": ("kl_mean", "max", "--max-kl"),
-         "min_top1": ("top1_agreement", "min", "--min-top1")}
-_SAID = {"max_ppl_increase": "perplexity increase (%)", "max_kl": "mean KL (nats)", "min_top1": "top-1 agreement"}
+# gate name -> (metric key, direction, how the limit is said, the kind of model it measures)
+GATES = {"max_ppl_increase": ("perplexity_increase_pct", "max", "--max-ppl-increase", "causal-lm"),
+         "max_kl": ("kl_mean", "max", "--max-kl", "causal-lm"),
+         "min_top1": ("top1_agreement", "min", "--min-top1", "causal-lm"),
+         "min_cosine": ("embedding_cosine_mean", "min", "--min-cosine", "encoder"),
+         "min_sample_cosine": ("embedding_cosine_min", "min", "--min-sample-cosine", "encoder")}
+_SAID = {"max_ppl_increase": "perplexity increase (%)", "max_kl": "mean KL (nats)", "min_top1": "top-1 agreement",
+         "min_cosine": "mean embedding cosine", "min_sample_cosine": "lowest sample's embedding cosine"}
 
 
 @dataclass
@@ -113,7 +118,7 @@ def check_gates(metrics: dict, limits: dict) -> list[Gate]:
     for name, limit in limits.items():
         if limit is None:
             continue
-        key, direction, option = GATES[name]
+        key, direction, option, _ = GATES[name]
         value = float(metrics[key])
         ok = value <= limit if direction == "max" else value >= limit
         out.append(Gate(name, option, float(limit), value, ok and not math.isnan(value)))
@@ -131,6 +136,12 @@ def _fmt(v) -> str:
 def _num(v):
     """JSON has no inf/nan: they are written as strings."""
     return str(v) if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def refusal_json(dst: str, source: str | None, exc) -> dict:
+    """``--json`` when eval refused (no figures): ``ok`` false, the one-line error and its exit code."""
+    return {"schema_version": SCHEMA_VERSION, "command": "eval", "path": dst, "source": source, "ok": False,
+            "error": exc.message, "exit_code": exc.exit_code}
 
 
 def gate_failure(dst: str, result: "EvalResult") -> str:

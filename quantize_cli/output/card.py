@@ -119,28 +119,21 @@ def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: st
     }
 
 
-def _weights_method(plan) -> str | None:
-    """``GPTQ``, ``smoothing (awq)`` ... when the calibration forward chose the weights (plan.weights)."""
-    w = getattr(plan, "weights", None)
-    method = ((getattr(w, "request", None) or {}).get("method") or {}) if w is not None else {}
-    parts = [f"smoothing ({method['smooth']})" if method.get("smooth", "none") != "none" else None,
-             "GPTQ rounding" if method.get("rounding") == "gptq" else None]
-    return " + ".join(p for p in parts if p) or None
-
-
 def calibration_facts(plan) -> dict | None:
     """The card's calibration facts, from the scales the bytes were written with (plan.act_scales)."""
     cal = plan.act_scales
     if cal is not None:
         data = cal.meta.get("data") or {}
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
-                "weights": _weights_method(plan)}
-    weights = _weights_method(plan)
-    if weights:  # GPTQ / smoothing of a weight-only format: calibrated weights, no static activation scale
-        data = (plan.weights.summary or {}).get("data") or (plan.weights.request or {}).get("data") or {}
+                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax), "data": data}
+    weights = getattr(plan, "weights", None)  # --rounding gptq / --smooth: the weights were chosen on calibration data
+    data = (getattr(weights, "request", None) or {}).get("data")
+    if data:
+        method = weights.request.get("method") or {}
+        how = " and ".join(w for w in ("GPTQ rounding" if method.get("rounding") == "gptq" else None,
+                                       f"{method.get('smooth')} smoothing" if method.get("smooth", "none") != "none" else None) if w)
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "modules": 0, "kv_scales": 0, "weights": weights}
+                "tokens": data.get("tokens"), "weights": how or "the weights", "data": data}
     from ..algorithms import static_input_scale
 
     # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
@@ -250,13 +243,26 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     kv = ("FP8 with calibrated k/v scales" if kv_scaled else "FP8 (cast, no scales)") if facts.get("kv_cache_dtype") else "unquantized"
     out.append(f"| KV cache | {kv} |")
     sizes = facts["sizes"]
-    ratio = f" ({sizes['in'] / sizes['out']:.2f}x smaller)" if sizes.get("out") else ""
-    out.append(f"| size | {_gb(sizes['in'])} before, {_gb(sizes['out'])} after{ratio} |")
-    out += ["", *_calibration_section(facts.get("calibration")), *_excluded_section(facts), *_verify_section(facts.get("verify"))]
+    out.append(_size_row(sizes))
+    out += ["", _sizes_comment(sizes), "", *_calibration_section(facts.get("calibration")), *_excluded_section(facts), *_verify_section(facts.get("verify"))]
     out += [_serve_block(facts, where), _MARKER, ""]
     if source_body:
         out += [_SOURCE_HEADING, "", source_body, ""]
     return "\n".join(out)
+
+
+def _size_row(sizes: dict) -> str:
+    ratio = f" ({sizes['in'] / sizes['out']:.2f}x smaller)" if sizes.get("out") else ""
+    return f"| size | {_gb(sizes['in'])} before, {_gb(sizes['out'])} after{ratio} |"
+
+
+# The exact byte counts behind the size row (invisible when rendered): `unpack` rewrites the row
+# for the plain tensors it writes without knowing the source.
+_SIZES = re.compile(r"^<!-- quantize sizes: in (\d+) out (\d+) -->$", re.M)
+
+
+def _sizes_comment(sizes: dict) -> str:
+    return f"<!-- quantize sizes: in {int(sizes['in'])} out {int(sizes['out'])} -->"
 
 
 def _describe(algo: str) -> str:
@@ -302,7 +308,21 @@ def mark_unpacked(folder: str, packed_from: str) -> None:
         text = f.read()
     text = re.sub(r"^\| layout \| .* \|$", f"| layout | plain (unpacked from `{packed_from}` with `quantize unpack`) |", text,
                   count=1, flags=re.M)
+    text = re.sub(r"^ *- [a-z]+-layout\n", "", text, count=1, flags=re.M)  # the front matter's packed-layout tag
+    found = _SIZES.search(text)
+    if found:  # the plain tensors' size, as a plain conversion's card states it
+        sizes = {"in": int(found.group(1)), "out": _tensor_bytes(folder)}
+        text = re.sub(r"^\| size \| .* \|$", lambda _: _size_row(sizes), text, count=1, flags=re.M)
+        text = _SIZES.sub(lambda _: _sizes_comment(sizes), text, count=1)
     _write(path, text)
+
+
+def _tensor_bytes(folder: str) -> int:
+    """The bytes of every tensor in `folder`'s shards (a plan's ``bytes_out``: data, no headers)."""
+    from ..checkpoint.safetensors_header import read_header
+
+    return sum(t.nbytes for f in sorted(os.listdir(folder)) if f.endswith(".safetensors")
+               for t in read_header(os.path.join(folder, f)).tensors.values())
 
 
 def _write(path: str, text: str) -> None:
@@ -324,10 +344,13 @@ def _calibration_section(cal: dict | None) -> list[str]:
     elif cal.get("calibrated"):
         what = [f"{cal['modules']} input scale(s)" if cal.get("modules") else None,
                 f"{cal['kv_scales']} k/v scale pair(s)" if cal.get("kv_scales") else None,
-                f"the weights' {cal['weights']}" if cal.get("weights") else None]
-        tokens = f" ({cal.get('tokens')} tokens)" if cal.get("tokens") else ""
+                f"{cal['weights']} of the weights" if cal.get("weights") else None]
         lines.append(f"Calibrated on `{cal.get('dataset')}`: {', '.join(w for w in what if w) or 'scales'} from "
-                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s){tokens}.")
+                     f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s)"
+                     + (f" ({cal.get('tokens')} tokens)." if cal.get("tokens") else "."))
+        from ..calibration.record import data_comment
+
+        lines += ["", data_comment(cal.get("data") or {})]
     else:
         value = cal.get("input_scale")
         inverse = " (compressed-tensors NVFP4 stores its inverse as `input_global_scale`)" if cal.get("inverse_stored") else ""

@@ -52,6 +52,8 @@ class ConvertOptions:
     max_ppl_increase: float | None = None  # --eval's gates (eval/report.py): the run fails and DST is not written
     max_kl: float | None = None
     min_top1: float | None = None
+    min_cosine: float | None = None  # an encoder's gates: the mean and the lowest sample's embedding cosine
+    min_sample_cosine: float | None = None
     eval_data: str | None = None  # --eval's text and size (eval's defaults: the held-out `default`, 64 x 512)
     eval_samples: int | None = None
     eval_seq_len: int | None = None

@@ -17,7 +17,7 @@ _MAX_REPORT_BYTES = 256 << 20
 
 
 def _is_our_report(path: str) -> bool:
-    """An earlier ``--report`` (converter name quantize + status), check/verify ``--json`` document, or
+    """An earlier ``--report`` (converter name quantize + status), check / verify / eval ``--json`` document, or
     ``quantize calibrate``'s SCALES.json (rerunning a calibration into the same file replaces it)."""
     doc = read_json_or_none(path, max_bytes=_MAX_REPORT_BYTES)
     if doc is None:
@@ -25,7 +25,7 @@ def _is_our_report(path: str) -> bool:
     conv = doc.get("converter")
     if doc.get("format") == "quantize-act-scales":  # calibration/document.py's FORMAT
         return True
-    return doc.get("command") in ("check", "verify") or (isinstance(conv, dict) and conv.get("name") == "quantize" and "status" in doc)
+    return doc.get("command") in ("check", "verify", "eval") or (isinstance(conv, dict) and conv.get("name") == "quantize" and "status" in doc)
 
 
 def check_json_output(path: str, flag: str, protected: tuple[str | None, ...] = ()) -> None:

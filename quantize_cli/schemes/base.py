@@ -52,6 +52,12 @@ class Scheme:
     group_size: int | None = None
     row_align: int = 1
 
+    @property
+    def k_group(self) -> int | None:
+        """Input channels (along K) that share one weight scale, where fewer than a whole row
+        (NVFP4 16, INT4 128, FP8_PB_WO's 128x128 blocks 128); None: one scale spans K."""
+        return self.group_size
+
     def shape_problem(self, shape: tuple[int, ...]) -> str | None:
         """Why a weight of `shape` cannot be quantized with this scheme, or None if it can."""
         if len(shape) != 2 or 0 in shape:

@@ -106,6 +106,10 @@ class Fp8PerChannel(Scheme):
 class Fp8Block(Scheme):
     """``FP8_PB_WO``: fp32 ``weight_scale [ceil(N/128), 1, ceil(K/128), 1]``, one per 128x128 block."""
 
+    @property
+    def k_group(self) -> int:
+        return BLOCK
+
     def shape_problem(self, shape):
         problem = super().shape_problem(shape)
         if problem is None and (shape[0] % BLOCK or shape[1] % BLOCK):

@@ -274,3 +274,18 @@ def test_smooth_on_a_model_without_its_pairs_says_so(tmp_path):
     assert "--smooth awq: nothing was smoothed" in r.output and "model_type 'bert'" in r.output
     conv = json.load(open(tmp_path / "out" / "hf_quant_config.json"))["converter"]["weights"]
     assert conv["smoothed_mappings"] == 0
+
+
+@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+def test_smoothing_never_rewrites_an_excluded_module(tmp_path, llama, method):
+    """Issue 35 item 6: with q/k/v and gate/up excluded, no fold goes into or out of them (v_proj is
+    o_proj's prev, up_proj down_proj's): every excluded weight keeps the source bytes."""
+    src, data = llama
+    excluded = ["*q_proj*", "*k_proj*", "*v_proj*", "*gate_proj*", "*up_proj*"]
+    dst = tmp_path / "out"
+    convert(src, dst, algo="NVFP4", calib_data=data, smooth=method, exclude=tuple(excluded))
+    got, want = load_all(str(dst)), load_all(src)
+    kept = [n for n in want if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight"))]
+    assert len(kept) == 15
+    for name in kept:
+        assert torch.equal(got[name], want[name]), name

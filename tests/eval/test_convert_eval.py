@@ -96,30 +96,3 @@ def test_eval_settings_choose_the_text_and_its_size(tmp_path):
     assert r.exit_code == 0, r.stderr
     data = json.load(open(report))["eval"]["data"]
     assert data["spec"] == str(text) and data["samples"] == 3 and data["tokens"] == 3 * 16, data
-
-
-def test_the_deepseek_example_calibrates_and_evaluates(tmp_path):
-    """example:tiny-deepseek set no router groups, and transformers' defaults (8 groups, top 4) do not
-    divide its 4 experts: every forward crashed, in convert --calib-data and eval (issue 35, 9)."""
-    dst, report = tmp_path / "out", tmp_path / "r.json"
-    r = invoke("convert", "example:tiny-deepseek", "-o", dst, "--algo", "NVFP4", "--device", "cpu", "-q", "--calib-data",
-               "default", "--calib-samples", "4", "--calib-seq-len", "32", "--eval", "--eval-samples", "4", "--eval-seq-len",
-               "32", "--report", report)
-    assert r.exit_code == 0, r.stderr
-    doc = json.load(open(report))
-    assert doc["calibration"]["modules"] > 0 and doc["eval"]["metrics"]["positions"] > 0
-
-
-def test_a_gptq_output_records_its_calibration_for_the_card_and_eval(tmp_path):
-    """A GPTQ W4A16_NVFP4 output (no static activation scale) said "Calibration: None needed", and
-    eval found no calibration record, so its overlap check never ran (issue 36, 8)."""
-    dst, out = tmp_path / "out", tmp_path / "eval.json"
-    r = invoke("convert", EX, "-o", dst, "--algo", "W4A16_NVFP4", "--rounding", "gptq", "--device", "cpu", "-q", "--calib-data",
-               "default", "--calib-samples", "4", "--calib-seq-len", "32")
-    assert r.exit_code == 0, r.stderr
-    card = (dst / "README.md").read_text()
-    assert "None needed" not in card and "Calibrated on `default`: the weights' GPTQ rounding from 4 sample(s)" in card
-    r = invoke("eval", dst, "--device", "cpu", "--samples", "4", "--seq-len", "32", "--json", out)
-    assert r.exit_code == 0, r.stderr
-    data = json.load(open(out))["data"]
-    assert data["calibration_overlap"] is not None and "no calibration data is recorded" not in data["overlap_text"]
