@@ -126,7 +126,7 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
         startup.warm(how)  # the CUDA context and the kernels of each device, beside the work folder's start
     if finished:
         path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
-        verified = _verify(path, opts, ok, con) if opts.verify else None
+        verified = _verify(path, opts, ok, plan, con) if opts.verify else None
         evaluated = _eval(path, _eval_source(opts, ok), opts, how, con) if opts.eval else None
         doc = run_report(plan, options, None, timings, path, status="already-complete")
         return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
@@ -253,8 +253,7 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
             timings["stages_s"]["copy_ahead"] = round(copied.seconds, 3)
         verified = None
         if opts.verify:
-            on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
-            verified = _verify_before_publishing(work, opts.src if on_disk and _comparable(plan) else None, plan, con)
+            verified = _verify_before_publishing(work, _verify_source(opts, ok, plan), plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
         evaluated = None
         if opts.eval:
@@ -324,6 +323,13 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
     return result
 
 
+def _verify_source(opts: ConvertOptions, ok: Checked, plan: Plan) -> str | None:
+    """The source --verify compares with, or None: one rule for a fresh output and a finished one
+    (issue 35 item 7: a retry once compared where the first run did not)."""
+    on_disk = not (opts.low_disk or (opts.executor == "ray" and ok.on_hub))  # compare only with a source on disk
+    return opts.src if on_disk and _comparable(plan) else None
+
+
 def _comparable(plan: Plan) -> bool:
     """Can --verify compare the weights with the source? Not smoothed ones (--smooth rescales them by
     design); a GPTQ one in compressed-tensors neither (its documents do not record the rounding that
@@ -356,9 +362,9 @@ def _verify_before_publishing(work: WorkFolder, src: str | None, plan: Plan, con
     return res
 
 
-def _verify(path: str, opts: ConvertOptions, ok: Checked, con: Console):
+def _verify(path: str, opts: ConvertOptions, ok: Checked, plan: Plan, con: Console):
     """--verify of a finished DST (--resume after success): the same check, on DST itself."""
-    res = _verify_folder(path, None if ok.on_hub and opts.low_disk else opts.src, "layout" in (_config_block(path) or {}))
+    res = _verify_folder(path, _verify_source(opts, ok, plan), "layout" in (_config_block(path) or {}))
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:

@@ -136,8 +136,9 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
     static = [m.name for m in mods.values() if m.quantize and scheme_of(m.name).static_input_scale is not None]
     kv = kv_cache_dtype == "fp8"
     if not static and not kv:
-        searched = any(getattr(scheme_of(m.name), "scale_search", "none") != "none" for m in mods.values() if m.quantize)
-        if not searched:  # else the data weights the search (search_weights.py)
+        from .uses import decides_bytes
+
+        if not decides_bytes(scheme_of(m.name) for m in mods.values() if m.quantize):  # else it weights the search (search_weights.py)
             algos = sorted({scheme_of(m.name).algo for m in mods.values() if m.quantize}) or ["--algo"]
             findings.append(Finding(WARNING, "calib-ignored", algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
                                     "(or not at all) and the KV cache is not FP8: the calibration data / --act-scales is ignored"))
@@ -155,18 +156,14 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
     return res
 
 
-CLOCK = ("seconds", "forward_seconds")  # how long the calibration took: the report's, never the output's
-
-
 def calibration_summary(plan, full: bool) -> dict:
-    """What was calibrated: data, run, and (`full`: the report) per module amax, the ModelOpt
-    ``input_scale`` of its own algorithm (mixed precision: the module's), tokens; per attention layer
-    its K/V amax and scales. Not `full` (hf_quant_config.json): no clock times, so that two runs of
-    the same command, or a resumed one, write the same file (issue 35)."""
+    """What was calibrated: data, run (its clock times only when `full`: the report's, never the
+    output's, issue 35 item 18), and (`full`) per module amax, the ModelOpt ``input_scale`` of its
+    own algorithm (mixed precision: the module's), tokens; per attention layer its K/V amax and scales."""
     cal = plan.act_scales
     run = cal.meta.get("run")
-    if not full and isinstance(run, dict):
-        run = {k: v for k, v in run.items() if k not in CLOCK}
+    if not full and isinstance(run, dict):  # hf_quant_config: no clock times (identical runs write identical files)
+        run = {k: v for k, v in run.items() if not k.endswith("seconds")}
     out = {"calibrated": True, "data": cal.meta.get("data"), "run": run,
            "source": cal.meta.get("source"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax),
            "experts_without_tokens": list(cal.no_tokens)}

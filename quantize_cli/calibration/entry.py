@@ -104,18 +104,21 @@ def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len
         raise UsageError("--low-disk with calibration: the forward needs the whole source on disk; drop --low-disk")
     from ..schemes import get_scheme
 
+    from .uses import decides_bytes
+
     algos = [get_scheme(a).algo for a in ([algos] if isinstance(algos, str) else algos)]
-    searched = (scale_search or "none").lower() != "none"
-    if not kv_cache and not searched and all(get_scheme(a).static_input_scale is None for a in algos):
+    doc = load(act_scales) if act_scales is not None else None
+    if doc is not None and doc.weights:  # its amax AND weights come from the transformed model: never "ignored" (item 10)
+        method = doc.weights.get("request", {}).get("method", {})
+        raise UsageError(f"--act-scales {act_scales}: made with --rounding {method.get('rounding')} --smooth "
+                         f"{method.get('smooth')} (its weights and amax are those of the transformed model), but this conversion "
+                         f"has --rounding nearest --smooth none; pass --rounding {method.get('rounding')} --smooth "
+                         f"{method.get('smooth')} to convert, or make a scales file with `quantize calibrate` without them")
+    if not decides_bytes([get_scheme(a) for a in algos], kv_cache, scale_search):
         (warn or (lambda m: None))(f"{'/'.join(dict.fromkeys(algos))} quantizes activations dynamically (or not at all) and the "
                                    f"KV cache is not FP8: {'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
         return None
-    if act_scales is not None:
-        doc = load(act_scales)
-        if doc.weights:  # its amax were measured on transformed weights: only right with those weights
-            method = doc.weights.get("request", {}).get("method", {})
-            raise UsageError(f"--act-scales {act_scales}: made with --rounding {method.get('rounding')} --smooth {method.get('smooth')} "
-                             "(its amax are those of the transformed model); pass the same options to convert")
+    if doc is not None:
         from ..checkpoint.source import open_source
 
         source = open_source(src, revision=revision, quiet=quiet)

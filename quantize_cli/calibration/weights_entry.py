@@ -184,14 +184,32 @@ def from_scales_file(doc, plan, rounding: str, smooth: str, device):
     folder = os.path.join(os.path.dirname(os.path.abspath(doc.path)), doc.weights["folder"])
     weights = load(folder)
     want = request_of(plan, rounding, smooth, device, weights.request.get("data"))
-    for key in ("method", "algo", "format", "scale_search", "targets_sha256", "source"):
-        if weights.request.get(key) != want.get(key):
-            raise UsageError(f"--act-scales {doc.path}: its weights ({folder}) were made for another {key.replace('_sha256', '')} "
-                             f"({_short(weights.request.get(key))}) than this conversion's ({_short(want.get(key))}); "
-                             "calibrate again with this conversion's --algo, --format, --scale-search, --exclude and method options")
+    differ = _differences(weights.request, want)
+    if differ:
+        raise UsageError(f"--act-scales {doc.path}: its weights ({folder}) were made with {'; '.join(differ)}; "
+                         "calibrate again with this conversion's --algo, --format, --scale-search, --exclude and method options")
     if weights.sha256 != doc.weights.get("sha256") or not verify_digest(weights):
         raise CalibrationError(f"{folder}: its files changed since {doc.path} was written; run `quantize calibrate` again")
     return weights
+
+
+# request key -> the option that sets it (what a mismatch message names, issue 35 item 11)
+_OPTION = {"rounding": "--rounding", "smooth": "--smooth", "algo": "--algo", "format": "--format",
+           "scale_search": "--scale-search", "targets_sha256": "the quantized Linears (--algo-for / --exclude)",
+           "source": "the source checkpoint"}
+
+
+def _differences(made: dict, want: dict) -> list[str]:
+    """'OPTION X, this conversion has Y' for each deciding value that differs (method keys one by one)."""
+    out = []
+    m, w = made.get("method") or {}, want.get("method") or {}
+    for key in sorted(set(m) | set(w), key=lambda k: (k not in _OPTION, k)):
+        if m.get(key) != w.get(key):
+            out.append(f"{_OPTION.get(key, f'the converter constant {key}')} {_short(m.get(key))}, this conversion has {_short(w.get(key))}")
+    for key in ("algo", "format", "scale_search", "targets_sha256", "source"):
+        if made.get(key) != want.get(key):
+            out.append(f"{_OPTION[key]} {_short(made.get(key))}, this conversion has {_short(want.get(key))}")
+    return out
 
 
 def _short(value) -> str:
@@ -213,8 +231,11 @@ def weights_for_convert(opts, ok, con, draft, device):
     # The doc stays where the plan reads it: static input scales, an FP8 KV cache, and the weighted
     # --scale-search of the Linears round to nearest quantizes after --smooth (its channel statistics
     # are those of the smoothed, quantized blocks' inputs: the recorded pass of calibration.forward)
-    keep = (draft.scheme.static_input_scale is not None or (opts.kv_cache_dtype or "").lower() == "fp8"
-            or getattr(draft.scheme, "scale_search", "none") != "none")
+    # Every scheme the draft writes counts (``--algo-for`` rules too: issue 35 item 1).
+    from .uses import decides_bytes
+
+    keep = decides_bytes([draft.scheme_of(m.name) for m in draft.quantized] or [draft.scheme],
+                         (opts.kv_cache_dtype or "").lower() == "fp8")
     if opts.act_scales is not None:
         doc = load_scales(opts.act_scales)
         from .document import check_source, fingerprint

@@ -41,6 +41,9 @@ class Format:
     config_method: str = ""  # config.json quantization_config.quant_method of its checkpoints
     transformers_loads: bool = False  # transformers quantizes/dequantizes it on load (as opposed to skipping it)
     reference_math_only: bool = False  # its weights are computed by the torch references on every device
+    # its documents record what decides the bytes beyond the shapes (calibration, GPTQ/smoothing, search,
+    # recipe): a finished output without its seal can be compared through them (output/workfolder.py)
+    documents_record_run: bool = False
     served: Mapping[str, Served] = {}
 
     # --- planning ---------------------------------------------------------------------------

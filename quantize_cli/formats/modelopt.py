@@ -49,6 +49,7 @@ class ModelOpt(Format):
     name = "modelopt"
     config_method = "modelopt"
     transformers_loads = False  # transformers skips an unknown quant_method: the weights would load as garbage
+    documents_record_run = True  # hf_quant_config.json's converter block: calibration, weights, recipe, layout
     served = SERVED
 
     def scheme(self, algo: str):

@@ -194,6 +194,10 @@ class WorkFolder:
             diffs = identity.differences(run)
             if diffs:
                 raise DestinationError(f"{dst}: already exists, made with {diffs[0]}; {_FIX}")
+        elif not getattr(plan.format, "documents_record_run", False):  # issue 35 item 8: nothing says how it was made
+            raise DestinationError(f"{dst}: already exists without its {CHECKSUMS} (the record of how it was made: a Hub "
+                                   f"download has none), and {plan.format.name}'s documents do not record the calibration "
+                                   f"or weight options that decide its bytes, so it cannot be confirmed complete; {_FIX}")
         try:
             _check_documents(path, plan)
             layout = ShardLayout(path, plan)

@@ -121,7 +121,7 @@ def test_calibrate_then_convert_gives_the_same_bytes(llama, tmp_path):
     assert tensors(tmp_path / "direct") == tensors(tmp_path / "reused")
     with pytest.raises(UsageError, match="made with --rounding gptq --smooth awq"):
         convert(src, tmp_path / "plain", algo="NVFP4", act_scales=scales)
-    with pytest.raises(UsageError, match="another algo"):
+    with pytest.raises(UsageError, match="made with --algo \"NVFP4\", this conversion has \"FP8\""):
         convert(src, tmp_path / "int8", algo="FP8", act_scales=scales, rounding="gptq", smooth="awq")
 
 
