@@ -101,7 +101,17 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
 )}
 ALGOS = tuple(ALGORITHMS)
 ALIASES = {"W8A16": "INT8",  # ModelOpt's name for what this tool calls INT8
-           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM"}  # llm-compressor's preset names
+           # llm-compressor's preset names (compressed_tensors.quantization.quant_scheme): the
+           # compressed-tensors format writes exactly that preset for the algorithm named
+           "W4A16": "INT4", "W4A16_ASYM": "INT4_ASYM", "FP8_DYNAMIC": "FP8_PER_CHANNEL_PER_TOKEN",
+           "FP8_BLOCK": "FP8_PB_WO", "NVFP4A16": "W4A16_NVFP4", "W8A8": "INT8"}
+# Aliases whose meaning holds in one format only: this tool's INT8 is ModelOpt's W8A16 (weight-only)
+# but compressed-tensors' W8A8 (dynamic per-token int8 activations), so each name is refused in the
+# format where it would write the other scheme (alias -> (the format it means, what to use instead)).
+ALIAS_FORMAT = {"W8A16": ("modelopt", "int8 weight-only is written in the ModelOpt format only (--format modelopt); "
+                                      "--algo INT8 with --format compressed-tensors writes W8A8 (dynamic per-token int8 activations)"),
+                "W8A8": ("compressed-tensors", "the ModelOpt format writes int8 weight-only (W8A16); for W8A8 use "
+                                               "--format compressed-tensors, or --algo INT8 for ModelOpt's W8A16")}
 MIXED_PRECISION = "MIXED_PRECISION"  # the quant_algo of a checkpoint holding several algorithms
 QUANT_ALGO = {a.name: a.quant_algo for a in ALGORITHMS.values()}  # a view of the table, for lookups
 
@@ -124,6 +134,15 @@ def canonical_algo(name: str) -> str | None:
     key = str(name).upper()
     key = ALIASES.get(key, key)
     return key if key in ALGOS else None
+
+
+def alias_format_problem(name: str, fmt: str) -> str | None:
+    """Why algorithm name `name` (as typed) cannot be written in format `fmt`, or None: ``W8A16`` and
+    ``W8A8`` both mean INT8, whose scheme differs by format (``ALIAS_FORMAT``)."""
+    key = str(name).upper()
+    if key not in ALIAS_FORMAT or ALIAS_FORMAT[key][0] == fmt:
+        return None
+    return f"--algo {key} with --format {fmt}: {ALIAS_FORMAT[key][1]}"
 
 
 def algo_of_quant_algo(quant_algo: str) -> str | None:

@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import __version__
-from .algorithms import ALGOS, canonical_algo
+from .algorithms import ALGOS, alias_format_problem, canonical_algo
 from .errors import QuantizeError, format_error
 from .signals import stop_on_signals
 
@@ -64,7 +64,17 @@ class AlgoType(click.ParamType):
         key = canonical_algo(value)
         if key is None:
             self.fail(f"{value!r} is not one of {', '.join(ALGOS)} (case-insensitive)", param, ctx)
+        if ctx is not None:
+            ctx.meta["quantize.algo_typed"] = value  # W8A16 / W8A8 mean INT8 in one format only
         return key
+
+
+def _refuse_alias_in_wrong_format(fmt: str) -> None:
+    """Usage error when the --algo name as typed means another scheme in `fmt` (``alias_format_problem``)."""
+    typed = click.get_current_context().meta.get("quantize.algo_typed")
+    problem = typed and alias_format_problem(typed, fmt)
+    if problem:
+        raise click.UsageError(problem)
 
 
 def weight_options(fn):
@@ -167,6 +177,7 @@ def convert(src, dst, quiet, debug, **options):
     # Every option's name is the library keyword of the same name (api.convert).
     if not dst and not options["dry_run"]:
         raise click.UsageError("missing -o DST (or use --dry-run)")
+    _refuse_alias_in_wrong_format(options["format"])
 
     def go():
         if not (options["dry_run"] or options["resume"]) and options["executor"] == "local":
@@ -210,6 +221,7 @@ def _fast_exit() -> None:
 @common
 def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
+    _refuse_alias_in_wrong_format(fmt)
 
     def go():
         from .api import check as run

@@ -52,6 +52,17 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
         ("bad --device", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cdua"], 2, "is not a device"),
         ("--kernels triton on the CPU", ["convert", src, "-o", out, "--algo", "FP8", "--device", "cpu", "--kernels", "triton"], 2,
          "need a CUDA GPU"),
+        # issue 36 item 5/9: W8A16 and W8A8 both mean INT8, whose scheme differs by format
+        ("W8A16 in compressed-tensors", ["convert", src, "-o", out, "--algo", "W8A16", "--format", "compressed-tensors"], 2,
+         "int8 weight-only is written in the ModelOpt format only"),
+        ("W8A8 in ModelOpt", ["convert", src, "-o", out, "--algo", "w8a8"], 2, "use --format compressed-tensors"),
+        ("check W8A16 in compressed-tensors", ["check", src, "--algo", "W8A16", "--format", "compressed-tensors"], 2,
+         "--algo W8A16 with --format compressed-tensors"),
+        # issue 36 item 3: refused before calibration
+        ("--scale-search mse, W4A16_NVFP4 compressed-tensors", ["convert", src, "-o", out, "--algo", "W4A16_NVFP4", "--format",
+                                                               "compressed-tensors", "--scale-search", "mse", *calib], 2, "--scale-search mse"),
+        ("--scale-search mse, --dry-run", ["convert", src, "--dry-run", "--algo", "W4A16_NVFP4", "--format", "compressed-tensors",
+                                          "--scale-search", "mse", *calib], 2, "--scale-search mse"),
         # the other commands' refusals of a missing input
         ("verify a missing DST", ["verify", str(tmp / "missing")], 1, "verify failed"),
         ("unpack a missing DST", ["unpack", str(tmp / "missing"), "-o", out], 1, "no such folder"),
@@ -105,3 +116,15 @@ def test_a_path_like_calibration_file_that_does_not_exist_is_not_taken_for_a_dat
             load_samples(spec, str(tmp_path), 100, 2, 16)
     for spec in ("default", "allenai/c4", "wikitext", "owner/name.v2"):
         assert not looks_like_a_file(spec), spec
+
+
+@pytest.mark.parametrize("name,algo", [("FP8_DYNAMIC", "FP8_PER_CHANNEL_PER_TOKEN"), ("fp8_block", "FP8_PB_WO"),
+                                       ("NVFP4A16", "W4A16_NVFP4"), ("W8A8", "INT8"), ("W8A16", "INT8"), ("W4A16", "INT4")])
+def test_llm_compressor_preset_names_are_aliases_of_the_algorithm_writing_that_preset(name, algo):
+    """Issue 36 item 9: each alias names the algorithm whose compressed-tensors scheme writes that preset."""
+    from quantize_cli.algorithms import canonical_algo
+    from quantize_cli.formats.compressed_tensors import CT_SCHEMES
+
+    assert canonical_algo(name) == algo
+    if name.upper() != "W8A16":  # ModelOpt's name (refused with compressed-tensors, which writes W8A8)
+        assert CT_SCHEMES[algo].preset == name.upper()

@@ -152,6 +152,9 @@ def check_options(opts: ConvertOptions) -> Checked:
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
     fmt = format_named(opts.format)
+    problem = fmt.scale_search_problem(opts.scale_search, fmt.scheme(get_scheme(opts.algo).algo).algo)
+    if problem:  # before calibration, which can take minutes (issue 36 item 3)
+        raise UsageError(problem)
     parse_algo_for(opts.algo_for, fmt)
     from ..calibration.weights_entry import check_options as check_weights  # torch-free
 
