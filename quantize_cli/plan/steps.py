@@ -21,6 +21,7 @@ from ..checkpoint.durable import write_json
 from ..checkpoint.source import open_source
 from ..console import Console
 from ..errors import PlanError, UsageError
+from ..modules.matching import regex_problem
 from ..modules.recipe import load_recipe
 from ..schemes import get_scheme
 from ..schemes.searched import with_scale_search
@@ -46,6 +47,8 @@ def _local_options(src: str, revision: str | None, exclude) -> None:
     for pat in exclude or ():
         if not str(pat).strip():
             raise UsageError("--exclude '': an empty pattern matches every module (vLLM's substring rule); remove it or give a pattern")
+        if regex_problem(str(pat)):
+            raise UsageError(regex_problem(str(pat)))
 
 
 def _size(value, flag: str) -> int:
