@@ -218,8 +218,12 @@ def _fast_exit() -> None:
 @click.option("--format", "fmt", type=FORMAT, default="modelopt", show_default=True, help="Output format to check for.")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
               help="Another algorithm for matching modules (--exclude's pattern rules): checks the MIXED_PRECISION checkpoint convert would write (compressed-tensors: one config group per algorithm). Repeatable.")
+@click.option("--calib-data", metavar="DATA", help="The conversion will calibrate on DATA (not run here): no [uncalibrated] warning.")
+@click.option("--act-scales", metavar="SCALES.json", help="The conversion will reuse this scales file: no [uncalibrated] warning.")
+@click.option("--allow", multiple=True, metavar="CODE", help="With --strict: accept warnings with this code (e.g. int8-vllm). Repeatable.")
 @common
-def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
+def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=(), calib_data=None,
+          act_scales=None, allow=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
     _refuse_alias_in_wrong_format(fmt)
 
@@ -227,7 +231,7 @@ def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, de
         from .api import check as run
 
         run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet,
-            format=fmt, algo_for=algo_for)
+            format=fmt, algo_for=algo_for, calib_data=calib_data, act_scales=act_scales, allow=allow)
 
     _run(debug, go)
 
