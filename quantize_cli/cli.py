@@ -81,11 +81,11 @@ def weight_options(fn):
     """--rounding and --smooth (convert and calibrate; docs/accuracy.md)."""
     fn = click.option("--smooth", type=click.Choice(["none", "awq", "smoothquant"], case_sensitive=False), default="none",
                       show_default=True, help="Fold per-channel activation scales into the norms and weights before quantizing "
-                      "(needs --calib-data): awq searches them per layer against the served output error, smoothquant "
+                      "(needs calibration data: --calib-data, or convert's --act-scales): awq searches them per layer against the served output error, smoothquant "
                       "takes alpha 0.5. The output format is unchanged.")(fn)
     return click.option("--rounding", type=click.Choice(["nearest", "gptq"], case_sensitive=False), default="nearest",
                         show_default=True, help="gptq: keep the written scales, round the values column by column against "
-                        "the calibration inputs' Hessian (needs --calib-data); nearest: round to nearest (ModelOpt's bytes).")(fn)
+                        "the calibration inputs' Hessian (needs calibration data: --calib-data, or convert's --act-scales); nearest: round to nearest (ModelOpt's bytes).")(fn)
 
 
 def calib_options(fn):
@@ -118,7 +118,7 @@ def examples(*lines: str) -> str:
 ))
 @click.version_option(__version__, prog_name="quantize")
 def main():
-    """Convert Hugging Face checkpoints (bf16 / fp16 / fp32 safetensors) into FP8, NVFP4, MXFP8 or INT8
+    """Convert Hugging Face checkpoints (bf16 / fp16 / fp32 safetensors) into FP8, NVFP4, MXFP8, INT8 or INT4
     checkpoints in the NVIDIA ModelOpt format (vLLM, TensorRT-LLM, SGLang) or the compressed-tensors
     format (vLLM, transformers), streaming with bounded memory."""
 
