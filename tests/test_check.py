@@ -184,3 +184,17 @@ def test_check_knows_calibration_will_come_and_strict_allows_named_warnings(tmp_
     assert r.exit_code == 0 and "--allow bogus: no such warning here" in r.output, r.output
     r = run("--algo", "INT8", "--strict", "--allow", "uncalibrated")
     assert r.exit_code == 1  # another code does not allow this one
+
+
+def test_bert_intermediate_dense_is_column_parallel_and_its_output_denses_row_parallel():
+    """Issue 36 item 7: `check --tp 4` flagged BERT's intermediate.dense as row-parallel."""
+    from types import SimpleNamespace
+
+    from quantize_cli.modules.parallel import parallel_style
+    from quantize_cli.modules.recipe import load_recipe
+
+    rec = load_recipe(None, "bert")
+    style = {n: parallel_style(SimpleNamespace(name=f"encoder.layer.0.{n}"), rec)
+             for n in ("intermediate.dense", "output.dense", "attention.output.dense", "attention.self.query")}
+    assert style == {"intermediate.dense": "column", "output.dense": "row", "attention.output.dense": "row",
+                     "attention.self.query": "column"}, style
