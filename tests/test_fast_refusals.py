@@ -32,6 +32,7 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
     (tmp / "file").write_text("not a checkpoint")
     out = str(tmp / "out")
     calib = ["--calib-data", "default"]
+    (tmp / "s.json").write_text('{"format": "quantize-act-scales", "version": 2, "channels": {"file": "s.channels.safetensors", "statistic": "mean_square", "dtype": "F32"}}')
     return [
         ("DST exists", ["convert", src, "-o", str(exists), "--algo", "FP8"], 1, "already exists"),
         ("bad size", ["convert", src, "-o", out, "--algo", "FP8", "--max-shard-size", "5XB"], 2, "'5XB' is not a size"),
@@ -63,6 +64,9 @@ def cases(src: str, tmp) -> list[tuple[str, list[str], int, str]]:
                                                                "compressed-tensors", "--scale-search", "mse", *calib], 2, "--scale-search mse"),
         ("--scale-search mse, --dry-run", ["convert", src, "--dry-run", "--algo", "W4A16_NVFP4", "--format", "compressed-tensors",
                                           "--scale-search", "mse", *calib], 2, "--scale-search mse"),
+        # issue 35: the scales JSON without its channels file, before torch, naming both
+        ("--act-scales without its channels file", ["convert", src, "-o", out, "--algo", "FP8", "--act-scales", str(tmp / "s.json")],
+         1, f"--act-scales {tmp / 's.json'}: its per-channel statistics {tmp / 's.channels.safetensors'} are missing"),
         # the other commands' refusals of a missing input
         ("verify a missing DST", ["verify", str(tmp / "missing")], 1, "verify failed"),
         ("unpack a missing DST", ["unpack", str(tmp / "missing"), "-o", out], 1, "no such folder"),

@@ -38,6 +38,8 @@ def check_calibration(calib_data: str | None, calib_samples: int | None, calib_s
     for flag, value in (("--calib-samples", calib_samples), ("--calib-seq-len", calib_seq_len)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"{flag} {value}: must be at least 1 (leave it out for the default)")
+    if act_scales is not None:
+        _channels_beside(act_scales)
     if calib_data is None:
         if act_scales is None and (calib_samples is not None or calib_seq_len is not None):
             raise UsageError("--calib-samples / --calib-seq-len need --calib-data DATA")
@@ -47,6 +49,21 @@ def check_calibration(calib_data: str | None, calib_samples: int | None, calib_s
                                "Hugging Face dataset id owner/name)")
     if act_scales is not None:
         raise UsageError("--calib-data and --act-scales: give one (calibrate now, or reuse a scales file)")
+
+
+def _channels_beside(act_scales: str) -> None:
+    """A scales JSON whose per-channel statistics file is missing, refused before torch naming both
+    files (issue 35: it was refused after torch loaded). Only that: the JSON's other checks need the source."""
+    from ..jsonfile import read_json_or_none
+
+    doc = read_json_or_none(act_scales) if os.path.isfile(act_scales) else None
+    block = doc.get("channels") if isinstance(doc, dict) else None
+    name = block.get("file") if isinstance(block, dict) else None
+    if isinstance(name, str) and name and os.path.basename(name) == name:
+        path = os.path.join(os.path.dirname(act_scales) or ".", name)
+        if not os.path.isfile(path):
+            raise CalibrationError(f"--act-scales {act_scales}: its per-channel statistics {path} are missing; keep the two "
+                                   "files `quantize calibrate` wrote together (copy both), or run calibrate again")
 
 
 def strict_refusal(warnings: list[str], what: str) -> None:
