@@ -73,11 +73,11 @@ def weight_options(fn):
     """--rounding and --smooth (convert and calibrate; docs/accuracy.md)."""
     fn = click.option("--smooth", type=click.Choice(["none", "awq", "smoothquant"], case_sensitive=False), default="none",
                       show_default=True, help="Fold per-channel activation scales into the norms and weights before quantizing "
-                      "(needs --calib-data): awq searches them per layer against the served output error, smoothquant "
+                      "(needs calibration data: --calib-data, or convert's --act-scales): awq searches them per layer against the served output error, smoothquant "
                       "takes alpha 0.5. The output format is unchanged.")(fn)
     return click.option("--rounding", type=click.Choice(["nearest", "gptq"], case_sensitive=False), default="nearest",
                         show_default=True, help="gptq: keep the written scales, round the values column by column against "
-                        "the calibration inputs' Hessian (needs --calib-data); nearest: round to nearest (ModelOpt's bytes).")(fn)
+                        "the calibration inputs' Hessian (needs calibration data: --calib-data, or convert's --act-scales); nearest: round to nearest (ModelOpt's bytes).")(fn)
 
 
 def calib_options(fn):
@@ -115,7 +115,7 @@ def examples(*lines: str) -> str:
 ))
 @click.version_option(__version__, prog_name="quantize")
 def main():
-    """Convert Hugging Face checkpoints (bf16 / fp16 / fp32 safetensors) into FP8, NVFP4, MXFP8 or INT8
+    """Convert Hugging Face checkpoints (bf16 / fp16 / fp32 safetensors) into FP8, NVFP4, MXFP8, INT8 or INT4
     checkpoints in the NVIDIA ModelOpt format (vLLM, TensorRT-LLM, SGLang) or the compressed-tensors
     format (vLLM, transformers), streaming with bounded memory."""
 
@@ -214,15 +214,19 @@ def _fast_exit() -> None:
 @click.option("--format", "fmt", type=FORMAT, default="modelopt", show_default=True, help="Output format to check for.")
 @click.option("--algo-for", "algo_for", multiple=True, metavar="PATTERN=ALGO",
               help="Another algorithm for matching modules (--exclude's pattern rules): checks the MIXED_PRECISION checkpoint convert would write (compressed-tensors: one config group per algorithm). Repeatable.")
+@click.option("--calib-data", metavar="DATA", help="The conversion will calibrate on DATA (not run here): no [uncalibrated] warning.")
+@click.option("--act-scales", metavar="SCALES.json", help="The conversion will reuse this scales file: no [uncalibrated] warning.")
+@click.option("--allow", multiple=True, metavar="CODE", help="With --strict: accept warnings with this code (e.g. int8-vllm). Repeatable.")
 @common
-def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=()):
+def check(src, algo, exclude, recipe, tp, json_path, strict, revision, quiet, debug, fmt="modelopt", algo_for=(), calib_data=None,
+          act_scales=None, allow=()):
     """Report what converting SRC would do and what would break at serve time (headers only)."""
 
     def go():
         from .api import check as run
 
         run(src, algo, exclude=exclude, recipe=recipe, tp=tp, json=json_path, strict=strict, revision=revision, quiet=quiet,
-            format=fmt, algo_for=algo_for)
+            format=fmt, algo_for=algo_for, calib_data=calib_data, act_scales=act_scales, allow=allow)
 
     _run(debug, go)
 

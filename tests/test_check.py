@@ -164,3 +164,37 @@ def test_hub_id_reads_headers_only(monkeypatch, family):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: (_ for _ in ()).throw(AssertionError("downloaded weights")))
     result = check("someone/llama-test", "NVFP4")
     assert result.plan.exclude_modules == ["lm_head", "model.embed_tokens"] and len(result.plan.quantized) == 14
+
+
+def test_check_knows_calibration_will_come_and_strict_allows_named_warnings(tmp_path):
+    """Issue 36 item 1: `check --strict` could not be told that convert calibrates, nor accept one known finding."""
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    def run(*args):
+        return CliRunner().invoke(main, ["check", "example:tiny-llama", *args])
+
+    assert run("--algo", "NVFP4", "--strict").exit_code == 1
+    assert run("--algo", "NVFP4", "--strict", "--calib-data", "default").exit_code == 0
+    r = run("--algo", "NVFP4", "--strict", "--act-scales", str(tmp_path / "none.json"))
+    assert r.exit_code == 2 and "no such file" in r.output
+    assert run("--algo", "INT8", "--strict").exit_code == 1
+    r = run("--algo", "INT8", "--strict", "--allow", "int8-vllm", "--allow", "bogus")
+    assert r.exit_code == 0 and "--allow bogus: no such warning here" in r.output, r.output
+    r = run("--algo", "INT8", "--strict", "--allow", "uncalibrated")
+    assert r.exit_code == 1  # another code does not allow this one
+
+
+def test_bert_intermediate_dense_is_column_parallel_and_its_output_denses_row_parallel():
+    """Issue 36 item 7: `check --tp 4` flagged BERT's intermediate.dense as row-parallel."""
+    from types import SimpleNamespace
+
+    from quantize_cli.modules.parallel import parallel_style
+    from quantize_cli.modules.recipe import load_recipe
+
+    rec = load_recipe(None, "bert")
+    style = {n: parallel_style(SimpleNamespace(name=f"encoder.layer.0.{n}"), rec)
+             for n in ("intermediate.dense", "output.dense", "attention.output.dense", "attention.self.query")}
+    assert style == {"intermediate.dense": "column", "output.dense": "row", "attention.output.dense": "row",
+                     "attention.self.query": "column"}, style

@@ -57,3 +57,40 @@ def test_usage_lines_list_only_options_the_command_takes(doc, command):
 
 def test_the_stray_fragment_is_gone():
     assert "a later output format); `check` warns." not in _read("docs/formats.md")
+
+
+COMMON = {"--quiet", "--debug", "--help", "-h"}  # every command's; documented once (convert's table)
+
+
+def _flags(cmd) -> list[tuple[str, ...]]:
+    """Each option of `cmd` as the spellings it takes (``("-o", "--output")``)."""
+    return [tuple(p.opts + p.secondary_opts) for p in cmd.params if isinstance(p, click.Option)]
+
+
+@pytest.mark.parametrize("command", ["convert", "calibrate", "check", "verify", "eval", "push", "unpack", "inspect"])
+def test_every_option_a_command_takes_is_in_the_cli_synopsis(command):
+    """Issue 36: the synopsis lacked --algo-for, --act-scales, --calib-samples, --calib-seq-len, --base-model
+    (convert) and --format, --algo-for (check)."""
+    block = re.search(rf"^quantize {command}\b(.*?)(?=^quantize |^```)", _read("docs/cli.md"), re.M | re.S).group(1)
+    listed = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", block))
+    missing = [s[-1] for s in _flags(main.commands[command]) if not (set(s) & listed) and not (set(s) & COMMON and command != "convert")]
+    assert not missing, missing
+
+
+def test_every_convert_option_is_in_the_option_table():
+    text = _read("docs/cli.md").split("## convert", 1)[1].split("\n## ", 1)[0]
+    rows = "\n".join(line for line in text.splitlines() if line.startswith("| `"))
+    listed = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", rows))
+    missing = [s[-1] for s in _flags(main.commands["convert"]) if not set(s) & (listed | {"--help", "-h"})]
+    assert not missing, missing
+
+
+def test_every_algorithm_has_a_floor_in_the_ci_gate():
+    """Issue 36: INT4 / INT4_ASYM fell to the 20 dB default, failing a good INT4 output."""
+    from quantize_cli.algorithms import ALGOS
+
+    floors = re.search(r"floor = (\{.*?\})", _read("docs/ci.md"), re.S).group(1)
+    listed = set(re.findall(r'"(\w+)":', floors))
+    assert set(ALGOS) <= listed, sorted(set(ALGOS) - listed)
+    choices = re.search(r'algo: +\{description: "([^"]*)"', _read("docs/ci.md")).group(1)
+    assert all(a in re.findall(r"\w+", choices) for a in ALGOS), choices

@@ -134,3 +134,15 @@ def test_the_scales_json_alone_serves_an_algorithm_that_reads_no_channel_statist
         (tmp_path / name).mkdir()
         convert("example:tiny-llama", str(tmp_path / name / "out"), algo="NVFP4", act_scales=scales, quiet=True)
     assert output_files(tmp_path / "pair" / "out") == output_files(tmp_path / "alone" / "out")
+
+
+@pytest.mark.parametrize("name,algo", [("FP8_DYNAMIC", "FP8_PER_CHANNEL_PER_TOKEN"), ("fp8_block", "FP8_PB_WO"),
+                                       ("NVFP4A16", "W4A16_NVFP4"), ("W8A8", "INT8"), ("W8A16", "INT8"), ("W4A16", "INT4")])
+def test_llm_compressor_preset_names_are_aliases_of_the_algorithm_writing_that_preset(name, algo):
+    """Issue 36 item 9: each alias names the algorithm whose compressed-tensors scheme writes that preset."""
+    from quantize_cli.algorithms import canonical_algo
+    from quantize_cli.formats.compressed_tensors import CT_SCHEMES
+
+    assert canonical_algo(name) == algo
+    if name.upper() != "W8A16":  # ModelOpt's name (refused with compressed-tensors, which writes W8A8)
+        assert CT_SCHEMES[algo].preset == name.upper()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -19,7 +20,7 @@ def invoke(*args: str, width: int = 80):
 def test_the_top_level_names_every_algorithm_and_both_formats():
     out = invoke("--help").output
     summary = " ".join(out.split("Options:")[0].split())
-    for word in ("FP8", "NVFP4", "MXFP8", "INT8", "ModelOpt", "compressed-tensors", "bf16", "fp32"):
+    for word in ("FP8", "NVFP4", "MXFP8", "INT8", "INT4", "ModelOpt", "compressed-tensors", "bf16", "fp32"):
         assert word in summary, word
     assert "Examples:" in out and "docs/getting-started.md" in out
 
@@ -98,3 +99,13 @@ def test_a_tiny_conversion_says_its_rate_in_readable_units(tmp_path, monkeypatch
     last = r.output.strip().splitlines()[-1]
     assert r.exit_code == 0 and "0.00 GB/s" not in last
     assert re.search(r"\(\d+\.\d\d (KB|MB|GB)/s of input\)$", last), last
+
+
+def test_rounding_and_smooth_help_name_every_source_of_calibration_data():
+    """Issue 36: `calibrate --help` said --rounding "(needs --calib-data)" where calibrate defaults it; convert takes --act-scales."""
+    out = " ".join(invoke("calibrate", "--help", width=200).output.split())
+    assert "(needs --calib-data)" not in out and "--act-scales" in out
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"), "rb") as f:
+        assert "INT4" in tomllib.load(f)["project"]["description"]

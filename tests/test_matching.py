@@ -44,3 +44,31 @@ def test_rewrite_of_trailing_star():
 
 def test_empty_list_excludes_nothing():
     assert vllm_is_excluded("lm_head", [], PACKED) is False
+
+
+def test_regex_entries_follow_compressed_tensors_match_name():
+    """Issue 36 item 9: ``re:`` + a Python regex, anchored at the start as compressed-tensors' match_name."""
+    from quantize_cli.modules.matching import match_reason, regex_problem
+
+    assert match_reason("model.layers.0.self_attn.q_proj", r"re:.*self_attn\.(q|k)_proj$") == "regex"
+    assert match_reason("model.layers.0.self_attn.v_proj", r"re:.*self_attn\.(q|k)_proj$") is None
+    assert match_reason("model.layers.0.mlp.up_proj", "re:mlp") is None  # anchored: not a substring search
+    assert vllm_rewrite(["re:.*proj*"]) == ["re:.*proj*"]  # vLLM's x* rewrite is for fnmatch entries only
+    assert regex_problem("re:(") and "not a Python regular expression" in regex_problem("re:(")
+    assert regex_problem("*.q_proj") is None
+
+
+def test_regex_exclude_keeps_exactly_the_matching_modules(tmp_path):
+    from quantize_cli.api import ConvertOptions
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
+    from quantize_cli.errors import UsageError
+    from quantize_cli.plan.steps import check_options
+    from tests.conftest import convert
+
+    cfg = llama_config()
+    src = write_checkpoint(str(tmp_path / "src"), llama_tensors(cfg), cfg)
+    res = convert(src, str(tmp_path / "o"), algo="FP8_PB_WO", quiet=True, exclude=[r"re:.*layers\.1\.mlp\.(gate|up)_proj"])
+    kept = sorted(m.name for m in res.plan.modules.values() if m.kind == "linear" and not m.quantize)
+    assert kept == ["lm_head", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"], kept  # lm_head: the recipe
+    with pytest.raises(UsageError, match="not a Python regular expression"):
+        check_options(ConvertOptions(src, str(tmp_path / "o2"), algo="FP8", exclude=["re:("]))

@@ -13,10 +13,15 @@ are one module ``...mlp.experts``. For a prefix it tries, in order:
 
 Before matching, models with a weight-name mapper rewrite ``x*`` to ``x`` and ``x.*`` (vLLM PR
 #30164), which makes ``x`` a substring pattern too; :func:`vllm_rewrite` applies that.
+
+A user's ``--exclude re:REGEX`` is llm-compressor's ``ignore`` syntax (compressed-tensors'
+``match_name``: ``re.match``, anchored at the start of the module name) and selects modules only:
+what is written is always the exact module names, so the lint of the written list keeps vLLM's rules.
 """
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatch
 from typing import Iterable, Mapping
 
@@ -25,11 +30,27 @@ class MixedFusedShards(ValueError):
     """vLLM would raise: some but not all members of a fused layer are excluded."""
 
 
+REGEX = "re:"  # llm-compressor's prefix of a regular-expression target or ignore entry
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why `pattern` (``re:...``) is not a Python regular expression, or None."""
+    if not pattern.startswith(REGEX):
+        return None
+    try:
+        re.compile(pattern[len(REGEX):])
+    except re.error as exc:
+        return f"--exclude {pattern!r}: not a Python regular expression ({exc}); fix it or use an fnmatch pattern"
+    return None
+
+
 def vllm_rewrite(entries: Iterable[str]) -> list[str]:
     """vLLM's ``apply_vllm_mapper`` rewrite: ``x*`` (not ``x.*``) -> ``x``, ``x.*``."""
     out: list[str] = []
     for e in entries:
-        if len(e) >= 2 and e[-1] == "*" and e[-2] != ".":
+        if e.startswith(REGEX):
+            out.append(e)
+        elif len(e) >= 2 and e[-1] == "*" and e[-2] != ".":
             out += [e[:-1], e[:-1] + ".*"]
         else:
             out.append(e)
@@ -68,7 +89,10 @@ def vllm_is_excluded(prefix: str, entries: list[str], packed: Mapping[str, Itera
 
 
 def match_reason(prefix: str, entry: str) -> str | None:
-    """How one entry matches `prefix` under vLLM's rules ("exact", "substring", "wildcard"), or None."""
+    """How one entry matches `prefix` under vLLM's rules ("exact", "substring", "wildcard"), or
+    "regex" for llm-compressor's ``re:`` entry (``re.match``, as compressed-tensors' ``match_name``)."""
+    if entry.startswith(REGEX):
+        return "regex" if re.match(entry[len(REGEX):], prefix) else None
     if entry == prefix:
         return "exact"
     if entry in prefix:

@@ -9,6 +9,11 @@ def parallel_style(mod: Module, recipe) -> str:
     """How vLLM splits this Linear under tensor parallelism: ``column`` (N), ``row`` (K) or ``replicated``."""
     last = mod.name.rpartition(".")[2]
     par = recipe.parallel
+    # a dotted entry names the last components (BERT's ``intermediate.dense`` is column-parallel
+    # though its ``attention.output.dense`` and ``output.dense`` are row-parallel); it wins
+    for style in ("column", "row", "replicated"):
+        if any("." in e and mod.name.endswith("." + e) for e in par.get(style, ())):
+            return style
     if last in par.get("replicated", ()):
         return "replicated"
     if last in par.get("row", ()):

@@ -25,7 +25,7 @@ class PatternReport:
 
     pattern: str
     origin: str  # "--exclude" or "recipe <name>"
-    matches: dict[str, list[str]] = field(default_factory=lambda: {"exact": [], "wildcard": [], "substring": []})
+    matches: dict[str, list[str]] = field(default_factory=lambda: {"exact": [], "wildcard": [], "regex": [], "substring": []})
 
     @property
     def modules(self) -> list[str]:
@@ -43,7 +43,7 @@ def _how(mod: Module, pattern: str) -> str | None:
             how = match_reason(name, entry)
             if how:
                 found.add(how)
-    for how in ("exact", "wildcard", "substring"):
+    for how in ("exact", "wildcard", "regex", "substring"):
         if how in found:
             return how
     return None

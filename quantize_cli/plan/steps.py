@@ -22,6 +22,7 @@ from ..checkpoint.durable import write_json
 from ..checkpoint.source import open_source
 from ..console import Console
 from ..errors import PlanError, UsageError
+from ..modules.matching import regex_problem
 from ..modules.recipe import load_recipe
 from ..schemes import get_scheme
 from ..schemes.searched import with_scale_search
@@ -58,6 +59,8 @@ def _local_options(src: str, revision: str | None, exclude) -> None:
     for pat in exclude or ():
         if not str(pat).strip():
             raise UsageError("--exclude '': an empty pattern matches every module (vLLM's substring rule); remove it or give a pattern")
+        if regex_problem(str(pat)):
+            raise UsageError(regex_problem(str(pat)))
 
 
 def _size(value, flag: str) -> int:
@@ -102,10 +105,13 @@ def prepare(src: str, algo: str, exclude=(), recipe=None, kv_cache_dtype=None, m
 
 def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 1, json: str | None = None,
           strict: bool = False, revision: str | None = None, quiet: bool = False, console: Console | None = None,
-          format: str = "modelopt", algo_for=()):
+          format: str = "modelopt", algo_for=(), calib_data: str | None = None, act_scales: str | None = None, allow=()):
     """``quantize check``: plan from headers only and report every finding; raise CheckFailed on errors.
 
-    For a Hub repo id only config.json and the safetensors headers are fetched.
+    For a Hub repo id only config.json and the safetensors headers are fetched. `calib_data` /
+    `act_scales`: the conversion will be calibrated (checked as convert checks them from their values;
+    no forward runs here), so the ``uncalibrated`` warning does not apply. `allow`: warning codes
+    ``--strict`` accepts (``--allow int8-vllm``); errors are never allowed.
     """
     from .check import run_check
     from ..checkpoint.hub import open_hub_headers
@@ -123,6 +129,11 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     _not_yet_with_mixed(algo_for, scheme)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
+    from .preflight import check_calibration
+
+    check_calibration(calib_data, None, None, act_scales)
+    if act_scales is not None and not os.path.isfile(act_scales):
+        raise UsageError(f"--act-scales {act_scales}: no such file; give the SCALES.json `quantize calibrate` wrote")
     if json:
         check_json_output(json, "--json", (src if os.path.isdir(src) else None,))
     local = src.startswith("example:") or os.path.isdir(src) or not is_repo_id(src, owner_required=False)
@@ -130,12 +141,19 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     rec = load_recipe(recipe, source.config.get("model_type"))
     plan = build_plan(source, scheme, rec, list(exclude), tp=tp, algo_for=rules, fmt=fmt)
     result = run_check(plan, list(exclude), tp)
+    if calib_data is not None or act_scales is not None:  # convert will calibrate: the constants are replaced
+        result.findings[:] = [f for f in result.findings if f.code != "uncalibrated"]
     print(result.to_text(), flush=True)
     if json:
         write_json(json, result.to_json())
-    bad = result.errors or (strict and result.warnings)
+    allowed = {str(a).strip().strip("[]").lower() for a in allow}
+    unused = sorted(allowed - {f.code for f in result.warnings})
+    if unused and not quiet:
+        print(f"note: --allow {', '.join(unused)}: no such warning here", flush=True)
+    refused = [f for f in result.warnings if f.code not in allowed]
+    bad = result.errors or (strict and refused)
     if bad:
-        what = f"{len(result.errors)} error(s)" + (f", {len(result.warnings)} warning(s) (--strict)" if strict else "")
+        what = f"{len(result.errors)} error(s)" + (f", {len(refused)} warning(s) (--strict)" if strict else "")
         raise CheckFailed(f"check failed for {src} with {scheme.algo}: {what}; see the findings above")
     return result
 
