@@ -116,8 +116,8 @@ def for_plan(doc, mods: dict, groups: dict, scheme, findings: list) -> SearchWei
     if getattr(doc, "planned", False):  # a dry run with --calib-data: the real run weights the search
         return None
     if not doc.has_channels:
-        findings.append(Finding(WARNING, "search-data-free", scheme.algo, f"--act-scales {doc.path}: a version-1 scales file has "
-                                "no per-channel statistics, so --scale-search mse is data-free (it can make a decoder LLM "
+        findings.append(Finding(WARNING, "search-data-free", scheme.algo, f"--act-scales {doc.path}: no per-channel statistics (a "
+                                "version-1 scales file, or its .channels.safetensors is not beside it), so --scale-search mse is data-free (it can make a decoder LLM "
                                 "worse); make the file again with `quantize calibrate` to weight the search"))
         return None
     quantized = {m.name: m.weight.shape[-1] for m in mods.values() if m.quantize and m.weight is not None}

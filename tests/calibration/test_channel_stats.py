@@ -96,7 +96,6 @@ def _broken(tmp_path, edit) -> str:
 
 
 @pytest.mark.parametrize("edit, rule", [
-    (lambda raw, d: os.remove(d / "SCALES.channels.safetensors"), "per-channel statistics .* are missing"),
     (lambda raw, d: (d / "SCALES.channels.safetensors").write_bytes((d / "SCALES.channels.safetensors").read_bytes()[:-4] + b"\0\0\0\0"),
      "not the file it was written with"),
     (lambda raw, d: raw["channels"].update(file="../elsewhere.safetensors"), "must be a file name beside the JSON"),
@@ -110,6 +109,15 @@ def test_broken_scales_files_are_one_line_errors(tmp_path, edit, rule):
     with pytest.raises(CalibrationError, match=rule) as exc:
         load(path)
     assert "SCALES.json" in exc.value.message and "\n" not in exc.value.message
+
+
+def test_a_missing_sidecar_loads_the_amax_alone(tmp_path):
+    """Only the weighted --scale-search reads the channel statistics, and it is refused before torch
+    without them (plan/preflight.check_calibration); FP8 / NVFP4 input scales need the amax alone."""
+    path = _broken(tmp_path, lambda raw, d: os.remove(d / "SCALES.channels.safetensors"))
+    doc = load(path)
+    assert not doc.has_channels and doc.channel_energy("model.layers.0.mlp.down_proj") is None
+    assert doc.input_amax("model.layers.0.mlp.down_proj") is not None
 
 
 def test_version_1_is_read_without_channels(tmp_path):
