@@ -6,6 +6,15 @@
 
 __version__ = "0.1.0"
 
+# The byte-deciding version: raised whenever a numeric rule changes the bytes some options write (a
+# scale formula, a search's candidates, GPTQ's arithmetic), so that a --resume across the change is
+# refused, never mixed (issue 35: __version__ stayed 0.1.0 while such rules changed).
+# tests/test_numerics_version.py hashes an output of every algorithm and fails when one changes
+# without it. 1: everything up to session 6 (recorded as plain "0.1.0"); 2: calibration and GPTQ on
+# one CPU thread, GPTQ's CPU lazy update in 64-row tiles (session 7).
+NUMERICS_VERSION = 2
+CONVERTER = f"{__version__}+numerics.{NUMERICS_VERSION}"
+
 
 def __getattr__(name):
     if name in ("convert", "check", "verify", "unpack", "push"):
@@ -15,4 +24,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'quantize_cli' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "convert", "check", "verify", "unpack", "push"]
+__all__ = ["__version__", "NUMERICS_VERSION", "CONVERTER", "convert", "check", "verify", "unpack", "push"]

@@ -63,3 +63,19 @@ def test_the_command_line_reproduces_the_options():
                      format="compressed-tensors")
     assert ident.command_line("a/b", "out dir") == ("quantize convert a/b -o 'out dir' --algo NVFP4 --format compressed-tensors "
                                                     "--exclude 'model.layers.0.*' --kv-cache-dtype fp8 --max-shard-size 2MB")
+
+
+def test_a_resume_across_a_numerics_version_is_refused(tiny_llama, tmp_path, monkeypatch):
+    """Issue 35, 4: an interrupted run's work finished by other numeric rules equalled neither."""
+    import quantize_cli.output.identity as identity_module
+    from quantize_cli.errors import DestinationError
+    from tests.conftest import convert
+    from tests.hostile.helpers import interrupt_after_tasks
+
+    restore = interrupt_after_tasks(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        convert(tiny_llama, str(tmp_path / "out"), algo="NVFP4", quiet=True, max_shard_size="1MB")
+    restore()
+    monkeypatch.setattr(identity_module, "CONVERTER", "0.1.0+numerics.999")  # a later release's rules
+    with pytest.raises(DestinationError, match=r"quantize 0\.1\.0\+numerics\.\d+, this is quantize 0\.1\.0\+numerics\.999"):
+        convert(tiny_llama, str(tmp_path / "out"), algo="NVFP4", quiet=True, max_shard_size="1MB", resume=True)

@@ -83,7 +83,7 @@ def targets_of(plan) -> dict:
 
 def request_of(plan, rounding: str, smooth: str, device, data: dict | None) -> dict:
     """Everything that decides the side folder's tensors (compared before one is reused)."""
-    from .. import __version__
+    from .. import CONVERTER
     from . import fingerprint
     from .gptq import BLOCK, DAMP
 
@@ -92,7 +92,7 @@ def request_of(plan, rounding: str, smooth: str, device, data: dict | None) -> d
                        "awq_grid": AWQ_GRID, "smoothquant_alpha": SMOOTHQUANT_ALPHA},
             "algo": plan.scheme.algo, "format": plan.format.name, "scale_search": getattr(plan.scheme, "scale_search", "none"),
             "targets_sha256": hashlib.sha256(json.dumps(targets).encode()).hexdigest(), "device": getattr(device, "type", str(device)),
-            "source": fingerprint(plan.source.config, plan.source.tensors), "data": data, "converter": __version__}
+            "source": fingerprint(plan.source.config, plan.source.tensors), "data": data, "converter": CONVERTER}
 
 
 def _num_heads(config: dict) -> int | None:

@@ -24,7 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import __version__
+from .. import CONVERTER, __version__  # noqa: F401
+
 
 
 def _upper(v):
@@ -137,7 +138,7 @@ class RunIdentity:
     options: dict
     source: dict
     outputs: str
-    converter: str = __version__
+    converter: str = CONVERTER
     command_flags: tuple[str, ...] = ()
 
     @classmethod
@@ -165,7 +166,7 @@ class RunIdentity:
                 flags += ["--calib-data", str(opts.calib_data)]
                 flags += ["--calib-samples", str(opts.calib_samples)] if opts.calib_samples else []
                 flags += ["--calib-seq-len", str(opts.calib_seq_len)] if opts.calib_seq_len else []
-        return cls(options, source, outputs, __version__, tuple(flags))
+        return cls(options, source, outputs, CONVERTER, tuple(flags))
 
     def record(self) -> dict:
         """The JSON-able record kept in the work folder and in a finished DST."""
