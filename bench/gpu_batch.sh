@@ -6,6 +6,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ln -sfn ../kernels quantize_cli/kernels; ln -sfn ../recipes quantize_cli/recipes; export PYTHONPATH=$PWD
+# A pip install has bytecode; these machines ship torch without it and set PYTHONDONTWRITEBYTECODE
+# (every process recompiled ~6 s of Python): cache it, for us and the peer alike (performance.md).
+unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 python3 - <<'PY' > "$OUT/versions.txt" 2>&1
 import sys, torch, triton
 print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name(0))

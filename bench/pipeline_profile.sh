@@ -5,8 +5,8 @@
 # py-spy profile of every thread (carry .whl-prof with py-spy's wheel; optional).
 #   OUT=/tmp/out bash bench/pipeline_profile.sh [ALGO ...]        # default FP8_PB_WO NVFP4 INT8
 # Env: SRC (default /tmp/e2e/src, made by bench/e2e.py's make_checkpoint when absent), DST_DIR,
-# BUDGET (--memory-budget, default 4GB), EXTRA (more convert options), PYSPY=0 to skip the profile,
-# TREES="name=DIR ..." to time other checkouts beside this one, run by run (before/after a change).
+# BUDGET (--memory-budget, default 4GB), EXTRA (more convert options), PYSPY=0 to skip the profile.
+# Before/after a change, side by side with the peer: bench/e2e.py --baseline DIR.
 # Python source is compiled once to a bytecode cache first, as a pip install does: the GPU machines
 # ship torch without .pyc files and write none, which costs every process ~6 s of compiling.
 set -uo pipefail
@@ -25,24 +25,20 @@ python3 -c "import torch, triton, safetensors, click, tqdm, xxhash, yaml, quanti
 echo "python -c pass: $(t python3 -c pass) s; import torch: $(t python3 -c 'import torch') s; + CUDA context: $(t python3 -c 'import torch; torch.empty(1, device="cuda")') s"
 cat "$SRC"/*.safetensors > /dev/null  # warm
 echo "read alone (cat): $(t sh -c "cat $SRC/*.safetensors > /dev/null") s for $(du -sb "$SRC" | cut -f1) bytes"
-TREES=${TREES:-}
 for algo in $ALGOS; do
-  for tree in "this=$PWD" $TREES; do
-    name=${tree%%=*}; dir=${tree#*=}; dst=$DST_DIR/out-$algo
-    s=$(PYTHONPATH=$dir t sh -c "python3 -m quantize_cli convert $SRC -o $dst --algo $algo --memory-budget $BUDGET --overwrite --quiet --report $OUT/report-$algo-$name.json $EXTRA && sync")
-    n=$(du -sb "$dst" | cut -f1)
-    [ -n "$TREES" ] && sha=$(cat $dst/*.safetensors | sha256sum | cut -c1-12) || sha=-
-    f=$(t sh -c "cat $SRC/*.safetensors > /dev/null & dd if=/dev/zero of=$DST_DIR/floor.bin bs=16M count=$((n / 16777216 + 1)) conv=fsync status=none; wait")
-    rm -f "$DST_DIR/floor.bin"
-    python3 - "$OUT/report-$algo-$name.json" "$algo $name" "$s" "$f" "$n" "$sha" <<'PY'
+  dst=$DST_DIR/out-$algo
+  s=$(t sh -c "python3 -m quantize_cli convert $SRC -o $dst --algo $algo --memory-budget $BUDGET --overwrite --quiet --report $OUT/report-$algo.json $EXTRA && sync")
+  n=$(du -sb "$dst" | cut -f1)
+  f=$(t sh -c "cat $SRC/*.safetensors > /dev/null & dd if=/dev/zero of=$DST_DIR/floor.bin bs=16M count=$((n / 16777216 + 1)) conv=fsync status=none; wait")
+  rm -f "$DST_DIR/floor.bin"
+  python3 - "$OUT/report-$algo.json" "$algo" "$s" "$f" "$n" <<'PY'
 import json, sys
-rep, what, s, f, n, sha = json.load(open(sys.argv[1])), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+rep, algo, s, f, n = json.load(open(sys.argv[1])), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 t = rep["timings_s"]
-print(f"{what}: whole {s:.2f} s, floor {f:.2f} s, floor/whole {f / s:.0%}, out {n / 1e9:.2f} GB sha {sha}; plan {t.get('plan_s', 0):.2f} "
+print(f"{algo}: whole {s:.2f} s, floor {f:.2f} s, floor/whole {f / s:.0%}, out {n / 1e9:.2f} GB; plan {t.get('plan_s', 0):.2f} "
       f"convert {t.get('convert_s', 0):.2f} total {t.get('total_s', 0):.2f}")
 print("  stages:", json.dumps(t.get("stages_s", {})))
 PY
-  done
 done
 if [ -n "${PYSPY_BIN:-}" ] && [ "${PYSPY:-1}" != 0 ]; then
   algo=${ALGOS%% *}

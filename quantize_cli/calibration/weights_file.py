@@ -136,10 +136,16 @@ class WeightsDoc:
                 out[suffix] = read_tensor(info)
         return out
 
+    @property
+    def data(self) -> dict | None:
+        """The calibration data the weights were chosen on: the run's record (spec, sha256, samples,
+        seq_len, tokens), or the request's (spec, samples, seq_len) for a folder made before it was kept."""
+        return self.summary.get("data") or self.request.get("data")
+
     def describe(self) -> dict:
         """What the output's metadata records (deterministic: no timings)."""
-        return {"method": self.request.get("method"), "sha256": self.sha256, "data": self.request.get("data"),
-                **{k: v for k, v in self.summary.items() if k != "seconds"}}
+        return {"method": self.request.get("method"), "sha256": self.sha256,
+                **{k: v for k, v in self.summary.items() if k != "seconds"}, "data": self.data}
 
 
 def load(folder: str) -> WeightsDoc:

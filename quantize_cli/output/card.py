@@ -127,7 +127,7 @@ def calibration_facts(plan) -> dict | None:
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
                 "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax), "data": data}
     weights = getattr(plan, "weights", None)  # --rounding gptq / --smooth: the weights were chosen on calibration data
-    data = (getattr(weights, "request", None) or {}).get("data")
+    data = getattr(weights, "data", None)
     if data:
         method = weights.request.get("method") or {}
         how = " and ".join(w for w in ("GPTQ rounding" if method.get("rounding") == "gptq" else None,
