@@ -135,7 +135,7 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     for note in plan.source.notes:  # source folders not copied, and why (checkpoint/sidecars.py)
         con.info(note)
     try:
-        work, stats, verified, evaluated = _write(opts, ok, resolution or how, plan, identity, options, timings, t0, report, con)
+        work, stats, verified, evaluated, plan = _write(opts, ok, resolution or how, plan, identity, options, timings, t0, report, con)
     finally:
         prefetch.stop()  # never left warming after the call (a library caller goes on in-process)
     doc = run_report(plan, options, stats, timings, work.dst)
@@ -234,6 +234,9 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
     stats = copied = None
     try:
         done = work.open(identity, plan, opts.resume, con.info)
+        if plan.transform is not None:  # GPTQ / smoothing: its forward runs now, under the lock, in the work folder
+            plan = _run_transform(plan, work, opts, ok, how, con)
+            done = work.resume_tasks(plan, con.info)
         if isinstance(how, startup.Resolution):  # the device is still being resolved: copy what needs no torch meanwhile
             how, copied = _copy_while_resolving(how, plan, work, done, opts, options)
             done = done | copied.tasks
@@ -265,10 +268,6 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         work.seal(identity, plan)
         timings["total_s"] = time.perf_counter() - t0
         work.commit()
-        if getattr(plan.weights, "temporary", False):  # --rounding gptq / --smooth: convert's side folder is done
-            import shutil
-
-            shutil.rmtree(plan.weights.folder, ignore_errors=True)
     except QuantizeError as exc:
         # Out of disk / write failures and failed downloads can be resumed; bad data or a changed source cannot.
         if isinstance(exc, DestinationError) or getattr(exc, "resumable", False):
@@ -287,7 +286,22 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
     except BaseException:
         work.discard()
         raise
-    return work, stats, verified, evaluated
+    return work, stats, verified, evaluated, plan
+
+
+def _run_transform(draft: Plan, work: WorkFolder, opts: ConvertOptions, ok: Checked, how, con: Console) -> Plan:
+    """The draft's GPTQ / smoothing stage (calibration/stage.py), then the final plan (the identity,
+    taken from the draft, decides it: equal identities give equal final plans)."""
+    from .calibration.stage import produce
+    from .plan.steps import plan_with_weights
+
+    doc, weights = produce(draft.transform, draft, work.partial, opts.src, how.first_device, ok.budget, opts.revision,
+                           opts.quiet, opts.recipe, con.info, con.warn)
+    plan = plan_with_weights(opts, ok, draft, doc, weights)
+    for w in plan.warnings:
+        if w not in draft.warnings:
+            con.warn(w)
+    return plan
 
 
 def _eval_source(opts: ConvertOptions, ok: Checked) -> str | None:
@@ -334,7 +348,9 @@ def _comparable(plan: Plan) -> bool:
     """Can --verify compare the weights with the source? Not smoothed ones (--smooth rescales them by
     design); a GPTQ one in compressed-tensors neither (its documents do not record the rounding that
     verify needs to relax the weight floors; ModelOpt's converter block does)."""
-    method = getattr(plan.weights, "request", {}).get("method", {})
+    from .calibration.stage import method_of
+
+    method = method_of(plan)  # the draft of a finished GPTQ / smoothing retry, or the final plan
     return method.get("smooth", "none") == "none" and (not method or plan.format.name == "modelopt")
 
 

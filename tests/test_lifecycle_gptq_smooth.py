@@ -115,3 +115,195 @@ def test_item8_a_compressed_tensors_output_without_its_seal_is_not_accepted_as_c
     assert r.exit_code == 1, r.output
     text = " ".join(r.output.split())
     assert ".quantize-checksums" in text and "--overwrite" in text and "already complete" not in text
+
+
+# --- items 2, 3, 5, 12, 13: the GPTQ / smoothing stage inside the work folder (calibration/stage.py) ---
+
+def _ids_file(path, shift: int = 0) -> str:
+    """A calibration .jsonl of token ids (example:tiny-llama's vocabulary is 512); `shift` changes its content."""
+    import json
+
+    rows = [[(7 * i + j + shift) % 500 + 1 for j in range(24)] for i in range(4)]
+    path.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    return str(path)
+
+
+def _api(dst, data, **kw):
+    from quantize_cli import api
+    from quantize_cli.plan.options import ConvertOptions
+
+    opts = dict(algo="W4A16_NVFP4", calib_data=str(data), calib_samples=4, calib_seq_len=24, device="cpu", quiet=True,
+                rounding="gptq")
+    opts.update(kw)
+    return api.convert(ConvertOptions("example:tiny-llama", str(dst), **opts))
+
+
+def _shards(folder) -> dict[str, bytes]:
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n.endswith(".safetensors")}
+
+
+def _hidden_beside(folder) -> list[str]:
+    """What a run leaves beside DST but the lock file (.NAME.lock, kept: flock needs a stable inode)."""
+    return sorted(n for n in os.listdir(folder.parent) if n.startswith(".") and not n.endswith(".lock"))
+
+
+def _interrupt_after_tasks(monkeypatch, n: int):
+    import quantize_cli.run.pipeline as pipeline
+
+    real, count = pipeline.AsyncWriter._do, {"tasks": 0}
+
+    def do(self, item):
+        if item[0] == "task":
+            count["tasks"] += 1
+            if count["tasks"] == n:
+                raise KeyboardInterrupt
+        return real(self, item)
+
+    monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
+    return lambda: monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)
+
+
+def _count_forwards(monkeypatch) -> list:
+    """Every calibration forward run from here on (weights_entry.run), as a list that grows."""
+    from quantize_cli.calibration import weights_entry
+
+    calls, real = [], weights_entry.run
+
+    def run(*a, **kw):
+        calls.append(a[-1] if a else None)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(weights_entry, "run", run)
+    return calls
+
+
+@pytest.mark.parametrize("extra", [["--rounding", "gptq"], ["--smooth", "awq"]])
+def test_item2_resume_of_a_finished_gptq_or_smooth_output_runs_no_forward_and_leaves_nothing(tmp_path, monkeypatch, extra):
+    """Item 2: --resume of a finished --smooth (was exit 1, "source files that changed") or GPTQ (was a
+    whole forward again) output: exit 0 "already complete", no forward, nothing left beside DST."""
+    dst = tmp_path / "out"
+    args = ["convert", "example:tiny-llama", "-o", dst, "--algo", "W4A16_NVFP4", *CAL, *extra]
+    made = invoke(*args, "-q")
+    assert made.exit_code == 0, made.output
+    before = _shards(dst)
+    forwards = _count_forwards(monkeypatch)
+    again = invoke(*args, "--resume")
+    assert again.exit_code == 0, again.output
+    assert "already complete" in again.output and not forwards, again.output
+    assert _shards(dst) == before and _hidden_beside(dst) == []
+
+
+def test_item3_and_13_a_gptq_resume_after_the_data_changed_is_refused_and_after_it_was_restored_continues(tmp_path, monkeypatch):
+    """Item 3: an interrupted GPTQ run, the calibration file's content replaced, --resume: refused naming
+    the weights' calibration tokens (it reused the old weights: wrong bytes). Item 13: the content
+    restored, --resume continues with the interrupted run's weights (no second forward) to the bytes
+    of an uninterrupted run (it exited 1: the weights were matched by the file's path)."""
+    from quantize_cli.errors import DestinationError
+
+    data = tmp_path / "calib.jsonl"
+    _ids_file(data)
+    fresh = _api(tmp_path / "fresh", data)
+    undo = _interrupt_after_tasks(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        _api(tmp_path / "out", data)
+    undo()
+    stage_dir = tmp_path / ".out.partial" / ".weights"
+    assert len(os.listdir(stage_dir)) == 1, "the stage's weights live in the work folder, one key"
+    _ids_file(data, shift=3)
+    with pytest.raises(DestinationError) as refused:
+        _api(tmp_path / "out", data, resume=True)
+    assert "calibration tokens sha256" in refused.value.message and "nothing was changed" in refused.value.message
+    _ids_file(data)
+    forwards = _count_forwards(monkeypatch)
+    _api(tmp_path / "out", data, resume=True)
+    assert not forwards, "the interrupted run's weights were reused"
+    assert _shards(tmp_path / "out") == _shards(fresh.dst)
+
+
+def test_item3_the_same_tokens_from_another_path_are_the_same_weights(tmp_path, monkeypatch):
+    """Content addressing: the same token ids read from a renamed file resume the interrupted run."""
+    first, renamed = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _ids_file(first)
+    _ids_file(renamed)
+    undo = _interrupt_after_tasks(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        _api(tmp_path / "out", first)
+    undo()
+    forwards = _count_forwards(monkeypatch)
+    _api(tmp_path / "out", renamed, resume=True)
+    assert not forwards
+
+
+def test_item5_a_second_run_to_the_same_dst_is_refused_before_its_forward(tmp_path, monkeypatch):
+    """Item 5: while a GPTQ run is in its forward, a second run to the same -o is refused by DST's lock
+    before it writes anything (it rewrote `.DST.weights` under the first); the first's bytes equal a
+    run alone."""
+    from quantize_cli.calibration import stage
+    from quantize_cli.errors import DestinationError
+
+    data = tmp_path / "calib.jsonl"
+    _ids_file(data)
+    alone = _api(tmp_path / "alone", data)
+    real, seen = stage.produce, {}
+
+    def produce(*a, **kw):
+        with pytest.raises(DestinationError) as second:
+            _api(tmp_path / "out", data)
+        seen["error"] = second.value.message
+        seen["listing"] = sorted(os.listdir(tmp_path))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(stage, "produce", produce)
+    _api(tmp_path / "out", data)
+    assert "another" in seen["error"].lower() or "lock" in seen["error"].lower(), seen["error"]
+    assert ".out.weights" not in seen["listing"]
+    assert _shards(tmp_path / "out") == _shards(alone.dst)
+
+
+def test_item12_resume_with_another_smooth_is_refused_before_any_forward(tmp_path, monkeypatch):
+    """Item 12: after an interrupted GPTQ run, --resume --smooth awq (or another --scale-search) is
+    refused naming the option before any forward, and the interrupted run's weights are untouched."""
+    from quantize_cli.errors import DestinationError
+
+    data = tmp_path / "calib.jsonl"
+    _ids_file(data)
+    undo = _interrupt_after_tasks(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        _api(tmp_path / "out", data)
+    undo()
+    stage_dir = tmp_path / ".out.partial" / ".weights"
+    files = {str(p): (p.stat().st_mtime_ns, p.read_bytes()) for p in stage_dir.rglob("*") if p.is_file()}
+    forwards = _count_forwards(monkeypatch)
+    for extra in ({"smooth": "awq"}, {"scale_search": "mse"}):
+        with pytest.raises(DestinationError) as refused:
+            _api(tmp_path / "out", data, resume=True, **extra)
+        flag = "--smooth" if "smooth" in extra else "--scale-search"
+        assert flag in refused.value.message, refused.value.message
+    assert not forwards
+    assert {str(p): (p.stat().st_mtime_ns, p.read_bytes()) for p in stage_dir.rglob("*") if p.is_file()} == files
+
+
+def test_an_interruption_inside_the_forward_is_redone_on_resume(tmp_path, monkeypatch):
+    """Interrupted while the stage writes its blocks: the unfinished weights (no index) are computed
+    again on --resume, and the output equals an uninterrupted run's."""
+    from quantize_cli.calibration import weights_file
+
+    data = tmp_path / "calib.jsonl"
+    _ids_file(data)
+    fresh = _api(tmp_path / "fresh", data)
+    real, calls = weights_file.WeightsWriter.flush, {"n": 0}
+
+    def flush(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(weights_file.WeightsWriter, "flush", flush)
+    with pytest.raises(KeyboardInterrupt):
+        _api(tmp_path / "out", data)
+    monkeypatch.setattr(weights_file.WeightsWriter, "flush", real)
+    forwards = _count_forwards(monkeypatch)
+    _api(tmp_path / "out", data, resume=True)
+    assert len(forwards) == 1
+    assert _shards(tmp_path / "out") == _shards(fresh.dst) and _hidden_beside(tmp_path / "out") == []

@@ -198,14 +198,16 @@ def test_weighted_under_gptq_and_smooth(calibrated, tmp_path, rounding, smooth):
     assert conv["scale_search_weights"] == "activations"
     assert not any("without calibration data" in w for w in res.report["warnings"])
     if rounding == "nearest":  # the final round to nearest searches with the smoothed inputs' E[x_j^2]: not data-free
-        from quantize_cli.calibration import weights_entry
+        from dataclasses import replace
 
-        keep = weights_entry.weights_for_convert
-        weights_entry.weights_for_convert = lambda *a: (None, keep(*a)[1])  # the old behaviour: the doc dropped
+        from quantize_cli.calibration import stage
+
+        keep = stage.pending
+        stage.pending = lambda *a: replace(keep(*a), keep_scales=False)  # the old behaviour: the doc dropped
         try:
             free = convert(src, str(tmp_path / "f"), scale_search="mse", **kw)
         finally:
-            weights_entry.weights_for_convert = keep
+            stage.pending = keep
         assert any("without calibration data" in w for w in free.report["warnings"])
         w, f = load_all(res.dst), load_all(free.dst)
         moved = [n for n in w if n.endswith(".weight_scale") and _bytes(w[n]) != _bytes(f[n])]

@@ -68,10 +68,37 @@ def offload_decision(device: torch.device, act_bytes: int, memory_budget: int | 
     return offload
 
 
+def load_data(source, calib_data: str, samples: int, seq_len: int, memory_budget: int | None = None) -> tuple[list, dict]:
+    """``(ids, description)``: the token ids the forward of `source` runs on (`samples` lists of at
+    most `seq_len` ids; `seq_len` lowered to the model's ``max_position_embeddings``, as positions past
+    it do not exist) and their description (:func:`.data.load_samples`). Needs the tokenizer
+    (transformers) for text; never torch."""
+    from .data import load_samples
+
+    seq_len = min(seq_len, _max_positions(source.config) or seq_len)
+    return load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len, memory_budget)
+
+
+def ids_sha256(ids: list[list[int]]) -> str:
+    """The digest of the token ids themselves: what decides a forward's results, whatever file
+    (or path) they were read from."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest()
+
+
+def data_key(ids, data: dict) -> dict:
+    """What of the calibration data decides a GPTQ / smoothing request: the token ids' digest and the
+    sizes, never the path (the same tokens from another file are the same weights; another content
+    at the same path is not). `data`: :func:`load_data`'s description."""
+    return {"ids_sha256": ids_sha256([list(s) for s in ids]), "samples": data["samples"], "seq_len": data["seq_len"]}
+
+
 def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN,
               device: torch.device | None = None, memory_budget: int | None = None,
               progress: Callable[[int, int, float], None] | None = None, offload: bool | None = None,
-              batch_tokens: int | None = None, transform=None) -> ScalesDoc:
+              batch_tokens: int | None = None, transform=None, data: tuple | None = None) -> ScalesDoc:
     """Measure every Linear input amax (per expert), its per-channel ``E[x_j^2]`` and K/V amax of
     `source` on `calib_data`.
 
@@ -86,6 +113,8 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
         transform: a per-block transform run before each block's recorded pass (GPTQ and smoothing,
             :class:`.layerwise.Layerwise`); the amax are then those of the transformed model. One
             with a ``memory_budget`` attribute is given `memory_budget` (GPTQ's row slices).
+        data: ``(ids, description)`` from :func:`load_data` when the caller read the samples already
+            (convert's GPTQ / smoothing stage keys its work by their digest before the forward).
     Raises CalibrationError / SourceError / UsageError with one-line messages (no transformers, bad
     data, unknown architecture, activations over budget).
     """
@@ -96,13 +125,11 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     import transformers
 
     from . import forward, hooks, stats
-    from .data import load_samples
     from .one_thread import one_thread
 
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
-    seq_len = min(seq_len, _max_positions(source.config) or seq_len)  # positions past it do not exist
-    ids, data_meta = load_samples(calib_data, source.root, _vocab(source.config), samples, seq_len, memory_budget)
+    ids, data_meta = data or load_data(source, calib_data, samples, seq_len, memory_budget)
     act_bytes = 2 * 2 * _hidden(source.config) * data_meta["tokens"]  # bf16 inputs + outputs of a block
     offload = offload_decision(device, act_bytes, memory_budget, offload)
     sk = build(source.root, source.config, source.tensors, recipe, torch.bfloat16)
@@ -124,5 +151,5 @@ def calibrate(source, recipe, calib_data: str, samples: int = DEFAULT_SAMPLES, s
     return ScalesDoc(fp, data_meta, run, modules, kv, channels=energy.mean_squares())
 
 
-__all__ = ["calibrate", "load", "resolve", "check_source", "fingerprint", "ScalesDoc", "ActScales",
+__all__ = ["calibrate", "load_data", "ids_sha256", "data_key", "load", "resolve", "check_source", "fingerprint", "ScalesDoc", "ActScales",
            "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN"]

@@ -8,9 +8,8 @@ through the side folder's replaced tensors, and the precomputed GPTQ outputs
 (:mod:`.weights_file`). ``quantize calibrate`` runs the same step and keeps the folder beside its
 SCALES.json (``SCALES.weights/``), which ``convert --act-scales`` then reuses.
 
-The side folder of ``convert`` is ``.<DST name>.weights`` beside DST: kept when the conversion
-fails (``--resume`` reuses it when everything that decides it is unchanged), removed once DST is
-published.
+In ``convert`` the forward is a stage of the output's lifecycle (:mod:`.stage`): it runs under
+DST's lock, into the work folder, keyed by everything that decides it.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
 
 from ..errors import CalibrationError, UsageError
 from .methods import AWQ_GRID, ROUNDINGS, SMOOTHING, SMOOTHQUANT_ALPHA
@@ -52,12 +50,6 @@ def check_options(rounding, smooth, calib_data, act_scales, algo_for=(), low_dis
     if low_disk:
         raise UsageError(f"{flags} with --low-disk: the calibration forward needs the whole source on disk; drop --low-disk")
     return True
-
-
-def side_folder(dst: str) -> str:
-    """Where ``convert`` keeps the transform's tensors: ``.<name>.weights`` beside DST."""
-    parent, name = os.path.split(os.path.abspath(dst))
-    return os.path.join(parent, f".{name}.weights")
 
 
 def targets_of(plan) -> dict:
@@ -103,24 +95,27 @@ def _num_heads(config: dict) -> int | None:
 
 
 def run(src: str, plan, calib_data: str, samples: int, seq_len: int, device, budget, rounding: str, smooth: str,
-        folder: str, revision=None, quiet: bool = True, recipe=None, info=None, warn=None):
-    """Calibrate `src` with the transform for `plan`; returns (ScalesDoc, WeightsDoc) (the doc saved in `folder`)."""
-    from . import calibrate
+        folder: str, revision=None, quiet: bool = True, recipe=None, info=None, warn=None, data=None):
+    """Calibrate `src` with the transform for `plan`; returns (ScalesDoc, WeightsDoc) (the doc saved in
+    `folder`). `data`: the samples already read (``(ids, description)``, calibration.load_data)."""
+    from . import calibrate, load_data
     from ..checkpoint.source import open_source
     from ..modules.recipe import load_recipe
     from .layerwise import Layerwise
+    from . import data_key
     from .weights_file import WeightsWriter
 
     say = info or (lambda msg: None)
     source = open_source(src, revision=revision, quiet=quiet)
     rec = load_recipe(recipe, source.config.get("model_type"))
-    request = request_of(plan, rounding, smooth, device, {"spec": calib_data, "samples": samples, "seq_len": seq_len})
+    data = data or load_data(source, calib_data, samples, seq_len, budget)
+    request = request_of(plan, rounding, smooth, device, data_key(*data))
     writer = WeightsWriter(folder, request)
     lw = Layerwise(targets_of(plan), rounding, smooth, writer, device, _num_heads(source.config), say).bind(source.tensors)
     what = " + ".join(x for x, on in ((f"smoothing ({smooth})", smooth != "none"), ("GPTQ", rounding == "gptq")) if on) or "rounding"
     say(f"calibrating {source.label} with {what} for {plan.scheme.algo} on {device} with {calib_data} ({samples} x {seq_len} tokens at most)")
     doc = calibrate(source, rec, calib_data, samples, seq_len, device, budget,
-                    progress=lambda i, n, s: say(f"  block {i}/{n}: {s:.2f} s"), transform=lw)
+                    progress=lambda i, n, s: say(f"  block {i}/{n}: {s:.2f} s"), transform=lw, data=data)
     weights = writer.finish({**_summary(lw.report), "data": doc.data})  # the data, as a calibrated output records it (eval's overlap check)
     doc.weights = {"folder": os.path.basename(folder), "sha256": weights.sha256, "request": request}
     doc.save(os.path.join(folder, SCALES_NAME))
@@ -156,21 +151,6 @@ def _describe(s: dict) -> str:
         parts.append(f"{s['smoothed_mappings']} smoothing scale vectors folded"
                      + (f" (search loss {s['smooth_loss_vs_unsmoothed']:.3f}x unsmoothed)" if "smooth_loss_vs_unsmoothed" in s else ""))
     return "; ".join(parts)
-
-
-def reuse(folder: str, request: dict):
-    """(ScalesDoc, WeightsDoc) of an earlier run's folder made for `request`, else None."""
-    from . import load as load_scales
-    from .weights_file import load, verify_digest
-
-    try:
-        weights = load(folder)
-        doc = load_scales(os.path.join(folder, SCALES_NAME))
-    except (CalibrationError, OSError):
-        return None
-    if weights.request != request or not verify_digest(weights):
-        return None
-    return doc, weights
 
 
 def from_scales_file(doc, plan, rounding: str, smooth: str, device):
@@ -217,46 +197,42 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def keeps_scales(opts, draft) -> bool:
+    """Does the final plan read the forward's scales doc? Where it takes calibrated scales (static
+    input scales, an FP8 KV cache) or channel statistics (a weighted --scale-search of the Linears
+    round to nearest quantizes after --smooth: the recorded pass of calibration.forward). Every
+    scheme the draft writes counts (``--algo-for`` rules too: issue 35 item 1)."""
+    from .uses import decides_bytes
+
+    return decides_bytes([draft.scheme_of(m.name) for m in draft.quantized] or [draft.scheme],
+                         (opts.kv_cache_dtype or "").lower() == "fp8")
+
+
 def weights_for_convert(opts, ok, con, draft, device):
-    """``(scales doc or None, WeightsDoc or None)`` for ``convert`` with --rounding / --smooth.
+    """``(scales doc or None, WeightsDoc or None)`` for ``convert`` with --rounding / --smooth when
+    they come without this run's forward, else None (the forward is then the run's own stage,
+    calibration/stage.py, run under DST's lock).
 
     `draft`: the plan from the headers (no calibration), its problems already refused; the forward
-    runs on `device`. The scales doc is kept where the plan takes calibrated scales (static input
-    scales, an FP8 KV cache) or channel statistics (a weighted --scale-search). A dry run checks the data and the architecture
-    (``plan_calibration``) and returns no weights."""
+    runs on `device`. ``--act-scales`` gives both from ``calibrate``'s files; a dry run checks the
+    data and the architecture (``plan_calibration``) and returns no weights."""
     from . import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, load as load_scales
     from .entry import plan_calibration
 
     rounding, smooth = normalise(opts.rounding, opts.smooth)
-    # The doc stays where the plan reads it: static input scales, an FP8 KV cache, and the weighted
-    # --scale-search of the Linears round to nearest quantizes after --smooth (its channel statistics
-    # are those of the smoothed, quantized blocks' inputs: the recorded pass of calibration.forward)
-    # Every scheme the draft writes counts (``--algo-for`` rules too: issue 35 item 1).
-    from .uses import decides_bytes
-
-    keep = decides_bytes([draft.scheme_of(m.name) for m in draft.quantized] or [draft.scheme],
-                         (opts.kv_cache_dtype or "").lower() == "fp8")
+    keep = keeps_scales(opts, draft)
     if opts.act_scales is not None:
         doc = load_scales(opts.act_scales)
         from .document import check_source, fingerprint
 
         check_source(doc, fingerprint(draft.source.config, draft.source.tensors), draft.source.label)
         return (doc if keep else None), from_scales_file(doc, draft, rounding, smooth, device)
-    samples, seq_len = opts.calib_samples or DEFAULT_SAMPLES, opts.calib_seq_len or DEFAULT_SEQ_LEN
     if opts.dry_run:
+        samples, seq_len = opts.calib_samples or DEFAULT_SAMPLES, opts.calib_seq_len or DEFAULT_SEQ_LEN
         planned = plan_calibration(opts.src, opts.calib_data, samples, seq_len, device, ok.budget, opts.revision,
                                    opts.quiet, opts.recipe, con.info)
         return (planned if keep else None), None
-    folder = side_folder(opts.dst)
-    request = request_of(draft, rounding, smooth, device, {"spec": opts.calib_data, "samples": samples, "seq_len": seq_len})
-    again = reuse(folder, request) if opts.resume else None
-    if again is not None:
-        con.info(f"--resume: reusing the calibrated weights in {folder}")
-        doc, weights = again
-    else:
-        doc, weights = run(opts.src, draft, opts.calib_data, samples, seq_len, device, ok.budget, rounding, smooth, folder,
-                           opts.revision, opts.quiet, opts.recipe, con.info, con.warn)
-    return (doc if keep else None), replace(weights, temporary=True)
+    return None
 
 
 def check_calibrate(rounding, smooth, algo, output) -> tuple[str, str]:
@@ -293,5 +269,4 @@ def refuse_weight_flags(algo, fmt, scale_search, exclude) -> None:
         raise UsageError(f"calibrate {' '.join(given)}: only with --rounding gptq or --smooth (the activation amax do not depend on them)")
 
 
-__all__ = ["ROUNDINGS", "normalise", "asked", "check_options", "side_folder", "targets_of", "request_of", "run",
-           "reuse", "from_scales_file", "weights_for_convert", "check_calibrate", "calibrate_weights", "refuse_weight_flags"]
+__all__ = ["ROUNDINGS", "normalise", "asked", "check_options", "targets_of", "request_of", "run", "from_scales_file", "keeps_scales", "weights_for_convert", "check_calibrate", "calibrate_weights", "refuse_weight_flags"]

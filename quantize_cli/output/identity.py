@@ -68,6 +68,22 @@ def _calibration(plan):
     return parts[0] if parts[1] is None else f"{parts[0] or ''}+search:{parts[1]}"
 
 
+def _weights(plan):
+    """What decides the GPTQ / smoothing weights: convert's own stage records the digests of its
+    request and of the token ids (known before the forward, calibration/stage.py); weights made by
+    ``calibrate`` (``--act-scales``) are their files' sha256."""
+    step = getattr(plan, "transform", None)
+    if step is not None:
+        return step.identity()
+    return plan.weights.sha256 if getattr(plan, "weights", None) is not None else None
+
+
+def _show_weights(v) -> str:
+    if isinstance(v, dict):
+        return f"calibration tokens sha256 {str(v.get('data_sha256'))[:12]}..., request sha256 {str(v.get('request_sha256'))[:12]}..."
+    return _show(v)
+
+
 @dataclass(frozen=True)
 class Decides:
     """One option that decides the output bytes.
@@ -99,7 +115,7 @@ IDENTITY: tuple[Decides, ...] = (
     Decides("calibration", "--calib-data / --act-scales", None),
     Decides("rounding", "--rounding", "nearest", lambda v: _lower(v, "nearest")),
     Decides("smooth", "--smooth", "none", lambda v: _lower(v, "none")),
-    Decides("weights", "the GPTQ / smoothing weights (--calib-data / --act-scales)", None),
+    Decides("weights", "the GPTQ / smoothing weights (--calib-data / --act-scales)", None, show=_show_weights),
 )
 # ConvertOptions fields that never change a byte of the output (tests/test_identity.py checks the split).
 NOT_IDENTITY = ("src", "dst", "device", "memory_budget", "resume", "dry_run", "overwrite", "report", "revision", "quiet",
@@ -150,7 +166,7 @@ class RunIdentity:
             "max_shard_size": opts.max_shard_size, "scale_search": opts.scale_search,
             "calibration": _calibration(plan),
             "rounding": opts.rounding, "smooth": opts.smooth,
-            "weights": plan.weights.sha256 if getattr(plan, "weights", None) is not None else None,
+            "weights": _weights(plan),
         }
         options = {d.key: d.normalize(values[d.key]) for d in IDENTITY}
         paths = sorted({t.path for t in plan.source.tensors.values() if not t.path.startswith("hub://")})
@@ -159,7 +175,7 @@ class RunIdentity:
         layout = [(o.name, o.dtype, list(o.shape), o.shard, o.offset) for o in plan.outputs.values()]
         outputs = hashlib.sha256(json.dumps([layout, plan.shard_names]).encode()).hexdigest()
         flags: list[str] = ["--recipe", str(opts.recipe)] if opts.recipe else []
-        if plan.act_scales is not None or getattr(plan, "search_weights", None) is not None or getattr(plan, "weights", None) is not None:
+        if any(getattr(plan, k, None) is not None for k in ("act_scales", "search_weights", "weights", "transform")):
             if opts.act_scales:
                 flags += ["--act-scales", str(opts.act_scales)]
             elif opts.calib_data is not None:

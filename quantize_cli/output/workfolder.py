@@ -20,10 +20,12 @@ A finished DST is checked by :meth:`confirm_finished` (``--resume`` after succes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 
+from ..calibration.stage import WORK_DIR as TRANSFORM_DIR  # the GPTQ / smoothing stage's weights, keyed by what decides them
 from ..checkpoint.durable import write_atomic
 from ..errors import DestinationError, QuantizeError
 from ..jsonfile import read_json_or_none
@@ -32,7 +34,7 @@ from .journal import JOURNAL, Journal, ShardLayout, read_journal, verified_tasks
 
 STATE = ".quantize-state.json"  # the interrupted run's identity record
 CHECKSUMS = ".quantize-checksums"  # a finished output's identity record and task digests
-SCRATCH = (".source-sidecars", ".source-shards")  # a Hub source's files fetched during the run
+SCRATCH = (".source-sidecars", ".source-shards", TRANSFORM_DIR)  # a Hub source's files fetched during the run; the stage's weights
 _FIX = "pass --overwrite to replace it, or choose another -o"
 
 
@@ -57,6 +59,7 @@ class WorkFolder:
         self.dest = Destination(dst, src_root=src_root, overwrite=overwrite)
         self.dst, self.partial = self.dest.dst, self.dest.partial
         self.journal: Journal | None = None
+        self._claimed: dict[int, str] | None = None  # an earlier run's journal, until resume_tasks verifies it
 
     # --- start ----------------------------------------------------------------------------
 
@@ -64,7 +67,9 @@ class WorkFolder:
         """Take DST's lock and its work folder; return the task indices already done and verified.
 
         Raises DestinationError naming the first difference when an earlier run's work of another
-        identity is there and `resume` asks to continue it; nothing is changed then."""
+        identity is there and `resume` asks to continue it; nothing is changed then. A draft plan
+        (GPTQ / smoothing: its stage runs under this lock and decides the final plan's tasks) gets
+        no tasks here: :meth:`resume_tasks` verifies them once the final plan is known."""
         earlier = self.dest.acquire(resume=resume)
         if not earlier:
             if resume:
@@ -85,7 +90,18 @@ class WorkFolder:
             err = DestinationError(f"{self.partial}: {why} (nothing was changed)")
             err.quiet_keep = True  # the folder is kept, but "rerun with --resume" would be the wrong advice
             raise err
-        claimed = read_journal(self.path(JOURNAL))
+        self._claimed = read_journal(self.path(JOURNAL))
+        if getattr(plan, "transform", None) is not None:
+            return set()
+        return self.resume_tasks(plan, say)
+
+    def resume_tasks(self, plan, say=lambda msg: None) -> set[int]:
+        """The earlier run's journaled tasks of `plan` whose bytes verify (the journal keeps those
+        only); empty for a fresh run."""
+        claimed = getattr(self, "_claimed", None)
+        if claimed is None:
+            return set()
+        self._claimed = None
         done = verified_tasks(ShardLayout(self.partial, plan), plan, claimed)
         self.journal = Journal(self.partial, truncate=True)
         for i in sorted(done):  # the journal keeps the verified tasks only
@@ -145,7 +161,9 @@ class WorkFolder:
         if missing:  # an executor that returned without journaling a task: never publish it
             raise DestinationError(f"{self.partial}: {len(missing)} task(s) were not journaled (e.g. task {missing[0]}); "
                                    "rerun with --resume")
-        doc = {"run": identity.record(), "tasks": [digests[i] for i in range(len(plan.tasks))]}
+        documents = {name: hashlib.sha256(data).hexdigest() for name, data in plan.format.documents(plan).items()}
+        doc = {"run": identity.record(), "tasks": [digests[i] for i in range(len(plan.tasks))], "documents": documents,
+               "task_outputs": [sorted(t.outputs) for t in plan.tasks]}
         write_atomic(self.path(CHECKSUMS), _json(doc))
         for name in (STATE, JOURNAL):
             try:
@@ -176,6 +194,7 @@ class WorkFolder:
         self.dest.discard()
 
     def set_aside(self, tag: str) -> str:
+        shutil.rmtree(self.path(TRANSFORM_DIR), ignore_errors=True)  # kept for inspection: the output, not the stage's inputs
         return self.dest.set_aside(tag)
 
     # --- a finished DST -------------------------------------------------------------------
@@ -186,7 +205,9 @@ class WorkFolder:
 
         Compared: the identity recorded at the seal (a difference is named), the format's documents,
         every shard's header and size, the index and every task's digest (when the seal is gone,
-        all but the digests). Raises DestinationError naming what differs."""
+        all but the digests). A draft plan (GPTQ / smoothing, whose weights its identity decides but
+        which are not computed again) has its documents compared with the digests sealed with them.
+        Raises DestinationError naming what differs."""
         path = os.path.abspath(dst)
         sums = read_json_or_none(os.path.join(path, CHECKSUMS))
         run = sums.get("run") if isinstance(sums, dict) else None
@@ -194,11 +215,20 @@ class WorkFolder:
             diffs = identity.differences(run)
             if diffs:
                 raise DestinationError(f"{dst}: already exists, made with {diffs[0]}; {_FIX}")
+        elif getattr(plan, "transform", None) is not None:  # the weights' request is in the seal only
+            raise DestinationError(f"{dst}: already exists without its {CHECKSUMS} (the record of how it was made: a Hub "
+                                   "download has none); the GPTQ / smoothing weights it holds cannot be confirmed without it; "
+                                   f"{_FIX}")
         elif not getattr(plan.format, "documents_record_run", False):  # issue 35 item 8: nothing says how it was made
             raise DestinationError(f"{dst}: already exists without its {CHECKSUMS} (the record of how it was made: a Hub "
                                    f"download has none), and {plan.format.name}'s documents do not record the calibration "
                                    f"or weight options that decide its bytes, so it cannot be confirmed complete; {_FIX}")
         try:
+            if getattr(plan, "transform", None) is not None:  # a draft: the final layout is known from the seal only
+                checked = _check_sealed(path, sums)
+                say(f"{path}: already complete (same source, options and GPTQ / smoothing inputs; {checked} task checksum(s) "
+                    "verified); nothing to do")
+                return path
             _check_documents(path, plan)
             layout = ShardLayout(path, plan)
             for shard, name in enumerate(plan.shard_names):
@@ -234,6 +264,47 @@ def _check_documents(folder: str, plan) -> None:
             raise QuantizeError(f"its {name} is missing or not JSON")
         if got != want:
             raise QuantizeError(f"its {name} differs from this run's: {_first_difference(got, want)}")
+
+
+def _check_sealed(folder: str, sums: dict) -> int:
+    """A finished output against its own seal: every document's sha256, and every task's digest
+    over the tensors the safetensors headers on disk place (every tensor there is some task's)."""
+    from ..checkpoint.safetensors_header import read_header
+    from ..run import checksum
+
+    _check_sealed_documents(folder, sums.get("documents"))
+    outputs, digests = sums.get("task_outputs"), sums.get("tasks")
+    if not isinstance(outputs, list) or not isinstance(digests, list) or len(outputs) != len(digests):
+        raise QuantizeError(f"its {CHECKSUMS} does not list its tasks' tensors (written by an older quantize)")
+    index = read_json_or_none(os.path.join(folder, "model.safetensors.index.json"))
+    files = sorted(set(index["weight_map"].values())) if isinstance(index, dict) and isinstance(index.get("weight_map"), dict) \
+        else ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        try:
+            tensors.update(read_header(os.path.join(folder, name)).tensors)
+        except (OSError, QuantizeError):
+            raise QuantizeError(f"its shard {name} is missing or not safetensors") from None
+    if set(tensors) != {n for names in outputs for n in names}:
+        raise QuantizeError("its shards hold other tensors than the ones sealed")
+    for names, digest in zip(outputs, digests):
+        parts = {n: checksum.file_range(tensors[n].path, tensors[n].offset, tensors[n].nbytes) for n in names}
+        if any(v is None for v in parts.values()) or checksum.task_digest(parts) != digest:
+            raise QuantizeError(f"the bytes of {', '.join(names[:2])} differ from the checksums recorded when they were written")
+    return len(digests)
+
+
+def _check_sealed_documents(folder: str, sealed) -> None:
+    if not isinstance(sealed, dict) or not sealed:
+        raise QuantizeError(f"its {CHECKSUMS} records no digests of its documents (written by an older quantize)")
+    for name, digest in sorted(sealed.items()):
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            raise QuantizeError(f"its {name} is missing") from None
+        if got != digest:
+            raise QuantizeError(f"its {name} differs from the one sealed with it")
 
 
 def _check_index(folder: str, plan) -> None:

@@ -105,6 +105,7 @@ class Plan:
     scheme_rules: dict[str, str] = field(default_factory=dict)  # mixed precision: module -> the rule that chose it
     format: "Format" = None  # type: ignore[assignment]  # the output format (formats/): documents, exclusions, serving
     weights: object | None = None  # --rounding gptq / --smooth: the side folder (calibration/weights_file.WeightsDoc)
+    transform: object | None = None  # convert's GPTQ / smoothing stage (calibration/stage.Pending): decided, run under DST's lock
     max_shard_size: str | int = 5 * 10**9  # as given (--max-shard-size); the shard layout above is derived from it
 
     def __post_init__(self):

@@ -206,29 +206,43 @@ def check_options(opts: ConvertOptions) -> Checked:
 
 
 def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> Plan:
-    """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers."""
-    # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
-    # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
-    headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
+    """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers.
 
-    def plan_with(doc=None, weights=None) -> Plan:
-        return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
-                       opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format.name,
-                       algo_for=opts.algo_for, weights=weights)
-
+    With ``--rounding gptq`` / ``--smooth`` (and no ``--act-scales``) the plan is a *draft* whose
+    ``transform`` (calibration/stage.Pending) names the forward still to run: convert runs it under
+    DST's lock and plans again with :func:`plan_with_weights`."""
     from ..calibration.weights_entry import asked
 
     if asked(opts.rounding, opts.smooth):  # GPTQ / smoothing: a draft plan says what the forward quantizes
-        from ..calibration.weights_entry import weights_for_convert
+        from ..calibration.stage import for_convert
 
-        draft = plan_with()
+        draft = _prepare(opts, ok)
         raise_problems(draft)  # refuse a bad plan before the forward, not after it
-        return plan_with(*weights_for_convert(opts, ok, con, draft, device))
+        doc, weights, step = for_convert(opts, ok, con, draft, device)
+        if step is None:
+            return _prepare(opts, ok, doc, weights)
+        # the stage's forward calibrates what the draft would write with constants (as `check --calib-data` says)
+        return replace(draft, transform=step, findings=[f for f in draft.findings if f.code != "uncalibrated"])
     algos = [opts.algo] + [rule.scheme.algo for rule in parse_algo_for(opts.algo_for, ok.format)]
     doc = _scales(opts.src, algos, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, device,
                   ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8",
                   opts.scale_search)
-    return plan_with(doc)
+    return _prepare(opts, ok, doc)
+
+
+def plan_with_weights(opts: ConvertOptions, ok: Checked, draft: Plan, doc, weights) -> Plan:
+    """The final plan of a draft once its transform ran: the source read through the weights'
+    folder, its activation scales `doc` (or None); the step stays on it (the run identity's)."""
+    return replace(_prepare(opts, ok, doc, weights), transform=draft.transform)
+
+
+def _prepare(opts: ConvertOptions, ok: Checked, doc=None, weights=None) -> Plan:
+    # Headers only: --low-disk fetches shards as it goes, Ray workers fetch their own, and a dry
+    # run reads no tensor (it used to download a Hub model's whole snapshot to print a plan).
+    headers_only = opts.low_disk or (ok.on_hub and (opts.executor == "ray" or (opts.dry_run and not opts.calib_data)))
+    return prepare(opts.src, opts.algo, opts.exclude, opts.recipe, opts.kv_cache_dtype, opts.max_shard_size, opts.revision,
+                   opts.quiet, opts.layout, headers_only, opts.scale_search, act_scales=doc, format=ok.format.name,
+                   algo_for=opts.algo_for, weights=weights)
 
 
 def print_plan(plan: Plan, strict: bool = False) -> None:

@@ -86,7 +86,7 @@ def test_gptq_writes_the_format_with_fixed_scales_deterministically(llama, tmp_p
     conv = json.load(open(tmp_path / "a" / "hf_quant_config.json"))["converter"]["weights"]
     assert conv["method"]["rounding"] == "gptq" and conv["modules"] == 21
     assert 0 < conv["gptq_output_error_vs_rtn"] < 1, "GPTQ must lower the H-weighted output error on the calibration data"
-    assert not os.path.exists(tmp_path / ".a.weights"), "the side folder is removed once DST is published"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "nothing is left beside DST once it is published"
 
 
 def test_gptq_packed_layout_and_compressed_tensors(llama, tmp_path):
@@ -213,23 +213,34 @@ def test_memory_one_block_and_its_hessians(llama, tmp_path, monkeypatch):
     assert seen["peak"] == 4 * (3 * hidden * hidden + inter * inter)
 
 
-def test_resume_reuses_the_side_folder_only_when_unchanged(llama, tmp_path):
-    from quantize_cli.calibration import weights_entry
+def test_the_stage_reuses_a_finished_folder_only_when_unchanged(llama, tmp_path):
+    """calibration/stage.py reuses an interrupted run's weights only when their request is this
+    run's and their files still hash to their index; an unfinished folder (no index) is redone."""
+    from quantize_cli.calibration import stage, weights_entry
     from quantize_cli.plan.steps import prepare
 
     src, data = llama
     plan = prepare(src, "NVFP4")
     dev = torch.device("cpu")
-    folder = str(tmp_path / ".x.weights")
+    folder = str(tmp_path / "w")
     doc, weights = weights_entry.run(src, plan, data, 8, 64, dev, None, "gptq", "none", folder)
-    request = weights_entry.request_of(plan, "gptq", "none", dev, {"spec": data, "samples": 8, "seq_len": 64})
-    again = weights_entry.reuse(folder, request)
+    assert set(weights.request["data"]) == {"ids_sha256", "samples", "seq_len"}  # the tokens, never the path
+    again = stage._finished(folder, weights.request)
     assert again is not None and again[1].sha256 == weights.sha256
-    assert weights_entry.reuse(folder, weights_entry.request_of(prepare(src, "INT8"), "gptq", "none", dev, request["data"])) is None
-    with open(os.path.join(folder, weights.quantized and sorted(os.listdir(folder))[0]), "r+b") as f:  # damage a file
-        f.seek(200)
-        f.write(b"\x00\x01")
-    assert weights_entry.reuse(folder, request) is None
+    other = weights_entry.request_of(prepare(src, "INT8"), "gptq", "none", dev, weights.request["data"])
+    assert stage._finished(folder, other) is None
+    first = os.path.join(folder, sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))[0])
+    original = open(first, "rb").read()
+    for at in (200, len(original) - 3):  # its header, then its data
+        with open(first, "r+b") as f:
+            f.seek(at)
+            f.write(b"\x00\x01")
+        assert stage._finished(folder, weights.request) is None
+        with open(first, "wb") as f:
+            f.write(original)
+    assert stage._finished(folder, weights.request) is not None
+    os.unlink(os.path.join(folder, "index.json"))
+    assert stage._finished(folder, weights.request) is None
 
 
 def test_gptq_moe_experts_take_their_routed_tokens(tmp_path):
