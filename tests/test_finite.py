@@ -51,3 +51,32 @@ def test_abs_max_equals_abs_amax_bit_for_bit(dtype):
         assert torch.equal(abs_max(x, dim), want) and not torch.signbit(abs_max(x, dim)).any()
     x[2, 5, 1, 7] = float("nan")
     assert torch.isnan(abs_max(x)) and torch.isnan(abs_max(x, (1, 3))[2, 1])
+
+
+@pytest.mark.parametrize("devices", ["cpu", "cpu,cpu"])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_nan_in_the_first_or_last_quantized_task_is_refused(make_checkpoint, tmp_path, devices, where):
+    """The NaN/Inf check runs one task behind (run/compute.py: the host never waits for the device
+    between tasks): a NaN in the first or in the very last quantized task is still refused, by the
+    local executor and by the per-shard streams of --device a,b, and nothing is published."""
+    import os
+
+    from quantize_cli import api
+    from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors
+    from quantize_cli.errors import NumericsError
+    from quantize_cli.plan.options import ConvertOptions
+    from quantize_cli.plan.steps import prepare
+
+    cfg = llama_config()
+    t = llama_tensors(cfg)
+    t = {**{k: t.pop(k) for k in ("model.norm.weight", "lm_head.weight")}, **t}  # the copies first: the last task quantizes
+    src = make_checkpoint(t, cfg, shards=2)
+    tasks = prepare(src, "FP8_PB_WO").tasks  # no shared amax: its Share step would check at once
+    assert tasks[-1].kind == "quantize"  # its check is finish()'s
+    quantized = [task for task in tasks if task.kind == "quantize"]
+    member = (quantized[0] if where == "first" else quantized[-1]).members[-1].source.name
+    t[member][1, 2] = float("nan")
+    src = make_checkpoint(t, cfg, shards=2, name="bad")
+    with pytest.raises(NumericsError, match=member.replace(".", r"\.")):
+        api.convert(ConvertOptions(src, str(tmp_path / "out"), algo="FP8_PB_WO", device=devices, quiet=True))
+    assert not os.path.exists(tmp_path / "out")

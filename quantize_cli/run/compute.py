@@ -88,16 +88,31 @@ class ComputeStage:
         self.resolve = resolve
         self.timers = timers or Timers()
         self.stats = RunStats()
+        self._unchecked: _TaskState | None = None  # the task whose finite flags are not read yet
         self._handlers = {Copy: self._copy, Const: self._const, Amax: self._amax, Hold: self._hold, Share: self._share,
                           Quantize: self._quantize, PackGroup: self._pack_group, PackExperts: self._pack_experts}
 
     def run_task(self, task: Task, steps: list[Step]) -> None:
-        """Run `steps` (the schedule of `task`); raise NumericsError if any scale came out NaN/Inf."""
+        """Run `steps` (the schedule of `task`); raise NumericsError if any scale of the task before
+        it came out NaN/Inf (:meth:`finish` checks the last task).
+
+        The check is one task behind so that the host never waits for the device between tasks:
+        reading its flag syncs, and the next task's reads and kernels are queued first. A refusal
+        discards the work folder (bad data is not resumable), so the earlier task's journal line
+        cannot outlive it."""
         state = _TaskState()
         scheme = task.scheme or self.plan.scheme
         for step in steps:
             self._handlers[type(step)](step, task, scheme, state)
-        self._check_finite(state)
+        earlier, self._unchecked = self._unchecked, state
+        if earlier is not None:
+            self._check_finite(earlier)
+
+    def finish(self) -> None:
+        """The last task's NaN/Inf check (see :meth:`run_task`)."""
+        earlier, self._unchecked = self._unchecked, None
+        if earlier is not None:
+            self._check_finite(earlier)
 
     # -- steps -------------------------------------------------------------------------------
     def _copy(self, step: Copy, task, scheme, state) -> None:

@@ -112,6 +112,7 @@ class Executor:
                 compute.run_task(task, steps)
                 out.task_done(index, self.task_outputs(task))
                 self._trim()
+            compute.finish()
             with timers.time("wait_write_flush"):
                 out.flush()
         except BaseException as exc:

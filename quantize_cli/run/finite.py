@@ -37,9 +37,14 @@ def finite_flag(out: dict[str, torch.Tensor]) -> torch.Tensor:
     """0-d bool (on the device, no sync): every scale finite. NaN/Inf in a weight propagate into
     the amax, hence into the scales of its group."""
     device = next(iter(out.values())).device  # the payload's (the constant input_scale lives on the CPU)
-    flags = [torch.isfinite(t.float()).all().to(device) for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
+    checks = [torch.isfinite(t.float()).all() for s, t in out.items() if "scale" in s and t is not None and t.is_floating_point()]
     # MXFP8's e8m0 scales are uint8 exponents: NaN/Inf in a block shows as a byte no finite amax gives
-    flags += [(t <= E8M0_MAX_FINITE_BYTE).all().to(device) for s, t in out.items() if s == "weight_scale" and t.dtype == torch.uint8]
+    checks += [(t <= E8M0_MAX_FINITE_BYTE).all() for s, t in out.items() if s == "weight_scale" and t.dtype == torch.uint8]
+    # A host tensor's flag is read here (cheap, no device work); moving it to the device instead made a
+    # pageable copy that waited for everything queued before it: one device sync per Linear.
+    if not all(bool(c) for c in checks if c.device != device):
+        return torch.zeros((), dtype=torch.bool, device=device)
+    flags = [c for c in checks if c.device == device]
     return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
 
 

@@ -283,6 +283,7 @@ class ShardStream:
             compute.run_task(task, steps)
             out.task_done((job, index), list(task.outputs))
             self._pool.trim()
+        compute.finish()  # the last task's NaN/Inf check, before its shard is closed and reported
         out.call(lambda error: self._closer.submit(self._finish, job, error))
 
     def _write(self, out, name: str, tensor, offset: int) -> None:

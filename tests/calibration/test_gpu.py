@@ -85,3 +85,38 @@ def test_gpu_smooth_folds_on_the_device(tmp_path, method):
     after = [h.get_tensor(name) for h in map(lambda f: safe_open(f, "pt"), glob.glob(f"{dst}/*.safetensors"))
              if name in h.keys()][0]
     assert before.shape == after.shape and not torch.equal(before, after)
+
+
+@pytest.mark.parametrize("algo", ["W4A16_NVFP4", "NVFP4"])
+def test_gpu_gptq_stage_is_deterministic_and_resumes_without_a_forward(tmp_path, algo):
+    """`--rounding gptq` on the GPU (the block kernel where it applies): two runs write the same bytes,
+    and --resume of the finished output is confirmed from its seal without a forward (issue 35 item 2)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import os
+
+    from quantize_cli import api
+    from quantize_cli.calibration import weights_entry
+    from quantize_cli.plan.options import ConvertOptions
+
+    folder = builders.llama(str(tmp_path / "src"))
+    data = _jsonl(tmp_path / "c.jsonl")
+
+    def run(dst, **kw):
+        return api.convert(ConvertOptions(folder, str(tmp_path / dst), algo=algo, device=DEVICE, quiet=True, calib_data=data,
+                                          rounding="gptq", **kw))
+
+    def shards(dst):
+        d = tmp_path / dst
+        return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith(".safetensors")}
+
+    run("a")
+    run("b")
+    assert shards("a") == shards("b")
+    real, calls = weights_entry.run, []
+    weights_entry.run = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        again = run("a", resume=True)
+    finally:
+        weights_entry.run = real
+    assert not calls and again.report["status"] == "already-complete"
