@@ -280,6 +280,7 @@ class Bench:
 
         t = time.perf_counter()
         make_checkpoint(self.src, self.a.layers, self.a.vocab, self.a.device if self.a.device != "cpu" else "cpu", self.a.moe)
+        os.sync()  # the input's own writeback must not land inside the first timed run
         self.res.update(input_GB=du(self.src) / 1e9, generate_s=time.perf_counter() - t, device=self.a.device,
                         torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
         try:
@@ -291,10 +292,13 @@ class Bench:
         algos = self.a.algos.split(",")
         for phase in self.a.phases.split(","):
             outs = {}
-            for algo in algos:  # this checkout and the baseline one after the other, on the same page cache state
-                outs[algo] = self.child(phase, "quantize", algo)
-                if self.a.baseline:
-                    self.child(phase, "quantize", algo, tree=os.path.abspath(self.a.baseline))
+            for algo in algos:  # this checkout and the baseline one after the other, on the same page cache state,
+                for rep in range(self.a.repeat):  # in turns (ABBA...): going first or second must not decide the comparison
+                    trees = [ROOT] + ([os.path.abspath(self.a.baseline)] if self.a.baseline else [])
+                    for tree in trees if rep % 2 == 0 else trees[::-1]:
+                        out = self.child(phase, "quantize", algo, tree=tree)
+                        if tree == ROOT:
+                            outs[algo] = out
             self.floors(phase, {a: n for a, n in outs.items() if n})
             if not self.a.skip_naive:
                 self.naive(phase)
@@ -303,6 +307,11 @@ class Bench:
                     for w in [int(x) for x in self.a.workers.split(",")]:
                         self.child(phase, "llmc", algo, w)
         return self.res
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median time among repeats (the lower middle one for an even count), {} for none."""
+    return sorted(runs, key=lambda r: r["s"])[(len(runs) - 1) // 2] if runs else {}
 
 
 def table(res: dict) -> str:
@@ -318,11 +327,11 @@ def table(res: dict) -> str:
     for phase in dict.fromkeys(r["phase"] for r in res["runs"]):
         for algo in dict.fromkeys(r["algo"] for r in res["runs"] if r["what"] == "quantize convert"):
             pick = [r for r in res["runs"] if r["phase"] == phase and r["algo"] == algo]
-            mine = next((r for r in pick if r["what"] == "quantize convert"), {})
+            mine = _median_run([r for r in pick if r["what"] == "quantize convert"])
             ours, inner = mine.get("s"), mine.get("inner_s") or 0
             floor = next((r["s"] for r in pick if r["what"].startswith("I/O floor")), None)
             peer = min((r["s"] for r in pick if r["what"].startswith("llm-compressor")), default=None)
-            base = next((r["s"] for r in pick if r["what"] == "quantize convert (baseline)"), None)
+            base = _median_run([r for r in pick if r["what"] == "quantize convert (baseline)"]).get("s")
             if ours:
                 lines.append(f"| {phase} | {algo} | {ours:.2f} | {inner:.2f} | {floor or 0:.2f} | {(floor or 0) / ours:.0%} | "
                              f"{(floor or 0) / inner if inner else 0:.0%} | {mine.get('rss_GB', 0):.2f} | {peer or 0:.2f} | "
@@ -344,6 +353,8 @@ def main() -> None:
     p.add_argument("--llmc-python", help="python of a venv with llmcompressor (default: this one)")
     p.add_argument("--workers", default="1,4")
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--repeat", type=int, default=1, help="times each of ours (and --baseline's) runs, in turns; the table "
+                   "takes the median")
     p.add_argument("--baseline", help="another checkout (e.g. a `git archive` of main) timed right after ours, same phase")
     p.add_argument("--json")
     a = p.parse_args()
