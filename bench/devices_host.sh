@@ -7,9 +7,11 @@
 # cuda:0..N-1` for each N in GPUS; every output's bytes hashed against the first run's.
 #   OUT=/tmp/out LAYERS=80 GPUS="1 2 4" ALGOS="FP8_PB_WO NVFP4" bash bench/devices_host.sh
 # KIND=cpu tries the script on a machine without a GPU (cpu, cpu,cpu ...; use LAYERS=1).
+# TREES=". .base" times each checkout in turn (a `git archive` of another commit: before/after, same run;
+# the command runs with the tree as its cwd, which `python -m` puts first on sys.path).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LAYERS=${LAYERS:-80}; IN_DIR=${IN_DIR:-/dev/shm/qin}; DISK=${DISK:-/root/qout}
-GPUS=${GPUS:-"1 2 4"}; ALGOS=${ALGOS:-"FP8_PB_WO NVFP4"}; PLACES=${PLACES:-"shm disk"}; BUDGET=${BUDGET:-4GB}
+GPUS=${GPUS:-"1 2 4"}; TREES=${TREES:-.}; ALGOS=${ALGOS:-"FP8_PB_WO NVFP4"}; PLACES=${PLACES:-"shm disk"}; BUDGET=${BUDGET:-4GB}
 DEADLINE=$((SECONDS + ${SECONDS_MAX:-540}))
 unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 python3 -c "import torch, triton, quantize_cli.cli"
@@ -25,16 +27,18 @@ for algo in $ALGOS; do
     [ "$place" = shm ] && root=/dev/shm/qout || root=$DISK
     mkdir -p "$root"; ref=
     for n in $GPUS; do
-      [ $SECONDS -gt $DEADLINE ] && { echo "deadline: skipping $algo $place $n"; continue; }
+     for tree in $TREES; do
+      [ $SECONDS -gt $DEADLINE ] && { echo "deadline: skipping $algo $place $n $tree"; continue; }
       dev=$(python3 -c "print(','.join('${KIND:-cuda}' + (':%d' % i if '${KIND:-cuda}' == 'cuda' else '') for i in range($n)))")
-      dst=$root/out-$algo-$n; rm -rf "$dst"
-      s=$(t sh -c "python3 -c '$WRAP' $OUT/rss-$algo-$place-$n python3 -m quantize_cli convert $IN_DIR -o $dst --algo $algo --device $dev --max-shard-size 5GB --memory-budget $BUDGET --quiet --report $OUT/r-$algo-$place-$n.json > $OUT/log-$algo-$place-$n.txt 2>&1; echo rc=\$? >> $OUT/log-$algo-$place-$n.txt; sync")
+      dst=$root/out-$algo-$n; rm -rf "$dst"; tag=$algo-$place-$n-$(basename "$(cd "$tree" && pwd)")
+      s=$(t sh -c "cd $tree && python3 -c '$WRAP' $OUT/rss-$tag python3 -m quantize_cli convert $IN_DIR -o $dst --algo $algo --device $dev --max-shard-size 5GB --memory-budget $BUDGET --quiet --report $OUT/r-$tag.json > $OUT/log-$tag.txt 2>&1; echo rc=\$? >> $OUT/log-$tag.txt; sync")
       out_bytes=$(du -sb "$dst" | cut -f1)
       sum=$(cat "$dst"/*.safetensors | md5sum | cut -c1-10)
-      rss=$(cat $OUT/rss-$algo-$place-$n 2>/dev/null)
+      rss=$(cat $OUT/rss-$tag 2>/dev/null)
       [ -z "$ref" ] && ref=$sum
-      echo "$algo $place GPUs=$n: $s s, $((in_bytes / 1000000)) MB in / $((out_bytes / 1000000)) MB out, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), rss $rss GB, $(tail -1 $OUT/log-$algo-$place-$n.txt)"
+      echo "$algo $place GPUs=$n tree=$tree: $s s, $((in_bytes / 1000000)) MB in / $((out_bytes / 1000000)) MB out, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), rss $rss GB, $(tail -1 $OUT/log-$tag.txt)"
       [ "$n" != "${GPUS##* }" ] && rm -rf "$dst"
+     done
     done
     # the floor of this place: read the input while writing the output's bytes, with as many writers as GPUs at most
     n=${GPUS##* }; per=$((out_bytes / n / 16777216 + 1))
