@@ -212,7 +212,7 @@ def test_item3_and_13_a_gptq_resume_after_the_data_changed_is_refused_and_after_
     _ids_file(data, shift=3)
     with pytest.raises(DestinationError) as refused:
         _api(tmp_path / "out", data, resume=True)
-    assert "calibration tokens sha256" in refused.value.message and "nothing was changed" in refused.value.message
+    assert "calibration data whose token ids hash to" in refused.value.message and "nothing was changed" in refused.value.message
     _ids_file(data)
     forwards = _count_forwards(monkeypatch)
     _api(tmp_path / "out", data, resume=True)
@@ -307,3 +307,18 @@ def test_an_interruption_inside_the_forward_is_redone_on_resume(tmp_path, monkey
     _api(tmp_path / "out", data, resume=True)
     assert len(forwards) == 1
     assert _shards(tmp_path / "out") == _shards(fresh.dst) and _hidden_beside(tmp_path / "out") == []
+
+
+def test_a_resume_refusal_names_the_part_of_the_gptq_request_that_differs():
+    """The identity keeps the stage's request: a GPTQ output made on a GPU and retried on the CPU is
+    refused naming the device type (GPU and CPU arithmetic differ), not two opaque digests."""
+    from quantize_cli.calibration.stage import differences
+
+    request = {"method": {"rounding": "gptq", "smooth": "none"}, "algo": "NVFP4", "format": "modelopt", "scale_search": "none",
+               "targets_sha256": "t", "device": "cuda", "source": {"layout_sha256": "s"}, "data": {"ids_sha256": "d"},
+               "converter": "0.1.0+numerics.2"}
+    made = {"data_sha256": "d", "request_sha256": "k1", "request": request}
+    want = {"data_sha256": "d", "request_sha256": "k2", "request": {**request, "device": "cpu"}}
+    said = differences(made, want)
+    assert "the device type" in said and '"cuda", this conversion has "cpu"' in said, said
+    assert "token ids" in differences(made, {**want, "data_sha256": "e"})

@@ -52,8 +52,20 @@ class Pending:
         return self.request.get("method") or {}
 
     def identity(self) -> dict:
-        """What the run identity records (output/identity.py): the data's and the request's digests."""
-        return {"data_sha256": self.request["data"]["ids_sha256"], "request_sha256": self.key}
+        """What the run identity records (output/identity.py): the data's and the request's digests,
+        and the request itself (a difference is then named: :func:`differences`)."""
+        return {"data_sha256": self.request["data"]["ids_sha256"], "request_sha256": self.key, "request": self.request}
+
+
+def differences(made: dict, want: dict) -> str:
+    """How two recorded stage identities differ, said as the options that decide them."""
+    from .weights_entry import _differences
+
+    if made.get("data_sha256") != want.get("data_sha256"):
+        return (f"calibration data whose token ids hash to {str(made.get('data_sha256'))[:12]}..., this run's hash to "
+                f"{str(want.get('data_sha256'))[:12]}... (the --calib-data file changed, or --calib-samples / --calib-seq-len)")
+    said = _differences(made.get("request") or {}, want.get("request") or {}) if isinstance(made.get("request"), dict) else []
+    return "; ".join(said) or f"GPTQ / smoothing inputs {str(made.get('request_sha256'))[:12]}..., this run's {want['request_sha256'][:12]}..."
 
 
 def key_of(request: dict) -> str:

@@ -176,7 +176,8 @@ def from_scales_file(doc, plan, rounding: str, smooth: str, device):
 # request key -> the option that sets it (what a mismatch message names, issue 35 item 11)
 _OPTION = {"rounding": "--rounding", "smooth": "--smooth", "algo": "--algo", "format": "--format",
            "scale_search": "--scale-search", "targets_sha256": "the quantized Linears (--algo-for / --exclude)",
-           "source": "the source checkpoint"}
+           "source": "the source checkpoint", "device": "the device type (--device: GPU and CPU arithmetic differ)",
+           "converter": "the converter's byte-deciding version", "data": "the calibration data"}
 
 
 def _differences(made: dict, want: dict) -> list[str]:
@@ -186,7 +187,7 @@ def _differences(made: dict, want: dict) -> list[str]:
     for key in sorted(set(m) | set(w), key=lambda k: (k not in _OPTION, k)):
         if m.get(key) != w.get(key):
             out.append(f"{_OPTION.get(key, f'the converter constant {key}')} {_short(m.get(key))}, this conversion has {_short(w.get(key))}")
-    for key in ("algo", "format", "scale_search", "targets_sha256", "source"):
+    for key in ("algo", "format", "scale_search", "targets_sha256", "source", "device", "converter", "data"):
         if made.get(key) != want.get(key):
             out.append(f"{_OPTION[key]} {_short(made.get(key))}, this conversion has {_short(want.get(key))}")
     return out

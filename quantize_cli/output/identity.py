@@ -201,6 +201,11 @@ class RunIdentity:
         for d in IDENTITY:
             made = d.normalize(record["options"].get(d.key, d.default))
             if made != self.options[d.key]:
+                if d.key == "weights" and isinstance(made, dict) and isinstance(self.options[d.key], dict):
+                    from ..calibration.stage import differences  # the GPTQ / smoothing request, named part by part
+
+                    out.append(f"{d.flag}: {differences(made, self.options[d.key])}")
+                    continue
                 out.append(f"{d.flag} {d.said(made)}, this run asks for {d.said(self.options[d.key])}")
         src = record.get("source") if isinstance(record.get("source"), dict) else {}
         if src.get("label") != self.source["label"] or src.get("revision") != self.source["revision"]:
