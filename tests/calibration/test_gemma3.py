@@ -75,6 +75,9 @@ def test_quantized_eval_equals_transformers_with_dequantized_weights(gemma, tmp_
     ours, _ = logits_of(dst, tmp_path, weights_only=True)
     ref = whole_model(gemma, swap)
     assert torch.allclose(ours, ref, rtol=0, atol=2e-5), (ours - ref).abs().max()
+    # against its source: ModelOpt's INT4 weight [N/2, K] (two rows a byte) is SRC's [N, K], not another model
+    m = run_eval(dst, source=gemma, data=jsonl(tmp_path / "d.jsonl"), device="cpu").metrics
+    assert 0 < m["kl_mean"] < 1 and m["source_perplexity"] != m["perplexity"]
 
 
 def test_smoothing_fold_preserves_gemmas_function(gemma):
