@@ -15,6 +15,11 @@ finishes on a loaded CPU. Steps (each skips what exists; ``--work`` keeps everyt
 ``data`` writes calib.jsonl: the tokens of ``--calib-data default`` as token ids, which ours and
 llm-compressor both calibrate on (one sample per batch for llm-compressor, padding-free batches
 for ours: same tokens).
+
+Any decoder folder works as ``--model``: Gemma 3 270M (issue 37; bench/gemma3_from_gguf.py builds it)
+is measured with ``--algos INT4 INT4@ct INT4_ASYM W4A16_NVFP4 NVFP4`` (INT4's dimensions must divide
+128). An algorithm name ``ALGO@ct`` writes ``--format compressed-tensors`` (INT4: pack-quantized, as
+llm-compressor writes it; INT4_ASYM is compressed-tensors only and gets it anyway).
 """
 
 from __future__ import annotations
@@ -81,21 +86,28 @@ def ours(a) -> None:
     os.makedirs(out, exist_ok=True)
     tag = _levers(a)
     times = _load(os.path.join(a.work, "times.json"))
-    for algo in a.algos:
+    for token in a.algos:
+        algo, fmt = _algo_format(token)
         for name in a.variants:
-            dst = os.path.join(out, f"ours-{algo}-{name}{tag}")
+            dst = os.path.join(out, f"ours-{token}-{name}{tag}")
             if os.path.isdir(dst):
                 continue
             # NVFP4 calibrates its static input scales in every variant; the weight-only formats only need data for GPTQ / AWQ
             data = calib if name != "rtn" or algo == "NVFP4" else None
             t0, cpu0 = time.perf_counter(), time.process_time()
             api.convert(ConvertOptions(a.model, dst, algo=algo, device=a.device, quiet=True, calib_data=data,
-                                       report=dst + ".report.json", **VARIANTS[name]))
+                                       report=dst + ".report.json", format=fmt, **VARIANTS[name]))
             key = os.path.basename(dst)
             times = _load(os.path.join(a.work, "times.json"))  # another process may have added rows meanwhile
             times[key] = {"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - cpu0, 1)}
             json.dump(times, open(os.path.join(a.work, "times.json"), "w"), indent=1)
             print(f"{key}: {times[key]}", flush=True)
+
+
+def _algo_format(token: str) -> tuple[str, str]:
+    """``INT4@ct`` -> (INT4, compressed-tensors); INT4_ASYM, which ModelOpt cannot hold, too; else modelopt."""
+    algo, _, fmt = token.partition("@")
+    return algo, "compressed-tensors" if fmt == "ct" or algo == "INT4_ASYM" else "modelopt"
 
 
 def evaluate(a) -> None:
@@ -164,7 +176,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--jobs", type=int, default=1, help="eval: outputs measured at a time")
-    p.add_argument("--algos", nargs="+", default=["W4A16_NVFP4", "INT4", "NVFP4"])
+    p.add_argument("--algos", nargs="+", default=["W4A16_NVFP4", "INT4", "NVFP4"], help="ours: ALGO or ALGO@ct (compressed-tensors)")
     p.add_argument("--variants", nargs="+", default=["rtn", "gptq", "awq"])
     a = p.parse_args()
     {"data": data, "ours": ours, "eval": evaluate, "table": table}[a.step](a)

@@ -12,7 +12,9 @@ __version__ = "0.1.0"
 # tests/test_numerics_version.py hashes an output of every algorithm and fails when one changes
 # without it. 1: everything up to session 6 (recorded as plain "0.1.0"); 2: calibration and GPTQ on
 # one CPU thread, GPTQ's CPU lazy update in 64-row tiles (session 7).
-NUMERICS_VERSION = 2
+# 3: each block calibrated with its own mask and rotary table (sliding-window layers: Gemma 2/3), smoothing
+# folded into (1 + w) norms (session 8, issue 37; the bytes of Llama-like models are unchanged).
+NUMERICS_VERSION = 3
 CONVERTER = f"{__version__}+numerics.{NUMERICS_VERSION}"
 
 

@@ -15,7 +15,7 @@ from quantize_cli import NUMERICS_VERSION
 from quantize_cli.algorithms import ALGOS
 from tests.conftest import convert
 
-RECORDED_AT = 2  # the NUMERICS_VERSION the hashes below were recorded with
+RECORDED_AT = 3  # the NUMERICS_VERSION the hashes below were recorded with
 CASES = {algo: {"algo": algo} for algo in ALGOS}
 CASES["INT4_ASYM"]["format"] = "compressed-tensors"  # ModelOpt writes no zero points
 CASES["GPTQ"] = {"algo": "W4A16_NVFP4", "rounding": "gptq", "calib_data": "default", "calib_samples": 4, "calib_seq_len": 32}

@@ -10,15 +10,17 @@ Samples of equal length run together (a batch ``[B, L]`` of at most ``batch_toke
 no padding token ever exists, let alone reaches an amax; samples of different lengths never share
 a batch. Peak device memory is one block plus the hidden states of all samples ``[n, L, H]`` (plus
 one batch's outputs while a block runs); with ``offload`` the hidden states live in host memory
-(pinned when the device is a GPU) and only one batch at a time is on the device. The keyword arguments block 0 received (masks, position embeddings) are reused for
-every block: exact for models whose blocks all use the same attention type (a model mixing
-sliding-window and full layers sees the same mask when ``--calib-seq-len`` <= its window).
+(pinned when the device is a GPU) and only one batch at a time is on the device. Each block gets
+the other arguments (masks, position embeddings) the model gives that block (:class:`BlockArgs`):
+a model mixing sliding-window and full-attention layers (Gemma 3) runs each with its own mask and
+rotary table.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -98,7 +100,8 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
     pin = offload and device.type == "cuda"
     states, extra = _capture(model, blocks, groups, device)
     if offload:
-        states, extra = _to(states, store, pin), _to(extra, store, pin)
+        states = _to(states, store, pin)
+        extra = [BlockArgs(_to(e.variants, store, pin), e.kinds) for e in extra]
     per_block, tuple_out = [], False
     with hooks.active(recorder):
         for i, block in enumerate(blocks):
@@ -108,9 +111,9 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
             handles = []
             try:
                 if transform is not None:
-                    transform(sk, i, block, path, lambda: _pass(block, states, extra, device, offload, None, pin))
+                    transform(sk, i, block, path, lambda: _pass(block, i, states, extra, device, offload, None, pin))
                 handles = hooks.attach(recorder, block, sk.prefix + path, sk.roles)
-                tuple_out = _pass(block, states, extra, device, offload, store, pin)
+                tuple_out = _pass(block, i, states, extra, device, offload, store, pin)
             finally:
                 hooks.detach(handles)
                 release(block)
@@ -121,12 +124,12 @@ def run(sk: Skeleton, tensors: dict[str, TensorInfo], samples: list[list[int]], 
     return {"blocks": len(blocks), "batches": len(groups), "seconds": time.perf_counter() - t0, "block_seconds": per_block}
 
 
-def _pass(block, states: list, extra: list, device, offload: bool, store, pin: bool) -> bool:
-    """Every batch through `block`; its outputs replace `states` when `store` is given (else they
+def _pass(block, i: int, states: list, extra: list, device, offload: bool, store, pin: bool) -> bool:
+    """Every batch through `block` (block `i`, with its own arguments); its outputs replace `states` when `store` is given (else they
     are dropped: a statistics pass). Returns whether the block returns a tuple."""
     tuple_out = False
     for j, h in enumerate(states):
-        args, kwargs = _to(extra[j], device) if offload else extra[j]
+        args, kwargs = _to(extra[j].of(i), device) if offload else extra[j].of(i)
         out = block(h.to(device, non_blocking=True), *args, **kwargs)
         tuple_out = isinstance(out, (tuple, list))
         if store is not None:
@@ -134,28 +137,86 @@ def _pass(block, states: list, extra: list, device, offload: bool, store, pin: b
     return tuple_out
 
 
-def _capture(model, blocks, groups, device) -> tuple[list[torch.Tensor], list[tuple[tuple, dict]]]:
-    """Block 0's hidden states ``[B, L, H]`` and other arguments, per batch."""
+@dataclass
+class BlockArgs:
+    """What the blocks receive besides their hidden states, for one batch: the distinct
+    ``(args, kwargs)`` (masks, position embeddings) and, per block, which of them (a model mixing
+    sliding-window and full-attention layers, like Gemma 3, gives its two kinds of layers two masks
+    and two rotary tables; the others give every block the same objects, so one entry)."""
+
+    variants: list[tuple[tuple, dict]]
+    kinds: list[int]  # per block: index into variants
+
+    def of(self, i: int) -> tuple[tuple, dict]:
+        return self.variants[self.kinds[i]]
+
+
+def _split(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """(hidden states, the other args, the other kwargs) of one block call."""
+    kwargs = dict(kwargs)
+    h = args[0] if args else kwargs.pop("hidden_states")
+    return h, tuple(args[1:]), kwargs
+
+
+def _capture(model, blocks, groups, device) -> tuple[list[torch.Tensor], list[BlockArgs]]:
+    """Block 0's hidden states ``[B, L, H]`` and every block's other arguments, per batch.
+
+    The model runs with its blocks passing their input through (their weights stay on the meta
+    device), so that each block's call shows the arguments the model gives that block; the last
+    block's call stops the model. Should an architecture not run that way, block 0's arguments
+    are used for every block (exact when all blocks share one attention type)."""
     states, extra = [], []
+    last = len(blocks) - 1
+    calls: list[tuple[tuple, dict]] = []
 
-    def stop(mod, args, kwargs):
-        raise _Stop(args, kwargs)
+    def record(i: int):
+        def hook(mod, args, kwargs):
+            calls.append((tuple(args), dict(kwargs)))
+            if i == last:
+                raise _Stop(args, kwargs)
+        return hook
 
-    handle = blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
+    def passthrough(hidden_states, *args, **kwargs):
+        return hidden_states
+
+    handles = [b.register_forward_pre_hook(record(i), with_kwargs=True) for i, b in enumerate(blocks)]
+    for b in blocks[:last]:
+        b.forward = passthrough
     try:
         for ids in groups:
+            calls.clear()
             try:
                 model(input_ids=torch.tensor(ids, device=device), **_model_kwargs(model))
-            except _Stop as s:
-                args, kwargs = tuple(s.args), dict(s.kwargs)
-                h = args[0] if args else kwargs.pop("hidden_states")
-                states.append(h)
-                extra.append((args[1:], kwargs))
-            else:
-                raise CalibrationError("calibration: the model never reached its first block; this architecture cannot be calibrated layer by layer")
+            except _Stop:
+                pass
+            except Exception:  # noqa: BLE001 - an architecture the pass-through blocks break: block 0's alone
+                if not calls:
+                    raise
+                calls[1:] = [calls[0]] * last
+            if len(calls) != len(blocks):
+                raise CalibrationError("calibration: the model never reached its blocks; this architecture cannot be calibrated layer by layer")
+            h, _, _ = _split(*calls[0])
+            states.append(h)
+            extra.append(_variants(calls))
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
+        for b in blocks[:last]:
+            del b.forward
     return states, extra
+
+
+def _variants(calls: list[tuple[tuple, dict]]) -> BlockArgs:
+    """The calls' non-hidden arguments, one entry per distinct set of objects (by identity)."""
+    variants, kinds, index = [], [], {}
+    for args, kwargs in calls:
+        _, rest, kw = _split(args, kwargs)
+        key = (tuple(id(a) for a in rest), tuple((k, id(v)) for k, v in kw.items()))
+        if key not in index:
+            index[key] = len(variants)
+            variants.append((rest, kw))
+        kinds.append(index[key])
+    return BlockArgs(variants, kinds)
 
 
 def _tail(sk: Skeleton, recorder: hooks.Recorder, groups, states, device, tuple_out: bool) -> None:

@@ -11,8 +11,9 @@ op whose output channels can be scaled (AWQ's and llm-compressor's default mappi
     post_attention_layernorm -> mlp.{gate,up}_proj        on mlp's output
     mlp.up_proj (rows)       -> mlp.down_proj             on down_proj's output
 
-A norm must compute ``x_hat * weight (+ bias)`` (checked on the module: Gemma's ``1 + weight``
-is not); an MoE MLP (router + experts) is not smoothed. The scales (x: the calibration inputs,
+A norm must compute ``x_hat * (c + weight) (+ bias)``, c found on the module (:func:`norm_offset`:
+0 for Llama, 1 for Gemma, whose ``pre_feedforward_layernorm`` is the MLP's norm); an MoE MLP
+(router + experts) is not smoothed. The scales (x: the calibration inputs,
 ``mean|x_j|`` and ``max|x_j|`` per channel; w: the balance weights):
 
 * ``awq``: AWQ's grid as llm-compressor runs it: ``s = x_mean^r / (w_mean^(1-r) + 1e-4)``
@@ -24,13 +25,14 @@ is not); an MoE MLP (router + experts) is not smoothed. The scales (x: the calib
 * ``smoothquant``: ``s = max|x_j|^0.5 / max|w_j|^0.5`` on the two norm mappings (SmoothQuant's
   alpha 0.5, llm-compressor's default), no search.
 
-Folding (:func:`fold`) is done on the source tensors in their own dtype: a norm weight becomes
-``n' = dt(n / s)``, and its balance columns are multiplied by ``n / n'`` (so ``n' * w'`` equals
+Folding (:class:`Fold`) is done on the source tensors in their own dtype: a norm weight becomes
+``n' = dt((c + n) / s - c)``, and its balance columns are multiplied by ``(c + n) / (c + n')`` (so ``n' * w'`` equals
 ``n * w`` up to one rounding of ``w'``); a Linear's rows are divided by ``s`` (its bias too).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +49,7 @@ class Mapping:
     inspect: str
     repeat: int = 1  # balance input channels per prev output channel group (GQA: query heads per KV head)
     head_dim: int = 0
+    offset: float = 0.0  # a norm prev computing x_hat * (offset + weight): Gemma's 1
 
     def expand(self, s: torch.Tensor) -> torch.Tensor:
         """Scales of prev's output channels -> of the balance inputs (repeated per query head under GQA)."""
@@ -72,42 +75,65 @@ def _get(block: torch.nn.Module, path: str):
     return mod
 
 
-def _scales_output(norm: torch.nn.Module) -> bool:
-    """The norm's output is proportional to its weight (``x_hat * w``): doubling w doubles it."""
+def norm_offset(norm: torch.nn.Module) -> float | None:
+    """c where the norm computes ``x_hat * (c + weight) (+ bias)``: 0 for Llama's RMSNorm and
+    LayerNorm, 1 for Gemma's; None when its output is no such function of its weight (checked on
+    the module with random inputs: weight 0, 1 and 2 must give outputs on one line)."""
     w = getattr(norm, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 1:
-        return False
+        return None
+    probe = copy.deepcopy(norm).float()  # fp32: a bf16 output's rounding would blur the line
+    w = probe.weight
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(4, w.numel(), generator=gen).to(w.device, w.dtype)
-    with torch.no_grad():
-        y1 = norm(x).float()
-        saved = w.detach().clone()
-        w.data.mul_(2)
-        try:
-            y2 = norm(x).float()
-        finally:
-            w.data.copy_(saved)
-    bias = getattr(norm, "bias", None)
+    x = torch.randn(4, w.numel(), generator=gen).to(w.device)
+    bias = getattr(probe, "bias", None)
     b = bias.float() if isinstance(bias, torch.Tensor) else 0.0
-    return bool(torch.allclose(y2 - b, 2 * (y1 - b), rtol=1e-2, atol=1e-3))
+    ys = []
+    with torch.no_grad():
+        for value in (0.0, 1.0, 2.0):
+            w.fill_(value)
+            ys.append(probe(x).float() - b)
+    y0, y1, y2 = ys
+    slope = y1 - y0  # x_hat
+    if not torch.allclose(y2 - y1, slope, rtol=1e-2, atol=1e-3) or not bool((slope.abs() > 1e-3).any()):
+        return None
+    if torch.allclose(y0, torch.zeros_like(y0), atol=1e-3):
+        return 0.0
+    c = float((y0 * slope).sum() / slope.square().sum())  # y0 = c * x_hat, least squares
+    c = round(c)  # Gemma's 1: an integer offset, exactly
+    return float(c) if c and torch.allclose(y0, c * slope, rtol=1e-2, atol=1e-3) else None
 
 
 def mappings(block: torch.nn.Module, method: str, num_heads: int | None) -> list[Mapping]:
-    """The mappings of a decoder layer that apply (see the module doc), in order."""
+    """The mappings of a decoder layer that apply (see the module doc), in order.
+
+    The MLP's norm is ``pre_feedforward_layernorm`` where the layer has one (Gemma 2/3, whose
+    ``post_attention_layernorm`` normalises the attention's output before the residual add);
+    else ``post_attention_layernorm``, unless a ``post_feedforward_layernorm`` says the layer
+    normalises after its sublayers (OLMo 2): then the MLP reads the residual stream, no norm."""
     out = []
     lin = lambda p: isinstance(_get(block, p), torch.nn.Linear)  # noqa: E731
     attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    if all(map(lin, attn)) and _get(block, "input_layernorm") is not None and _scales_output(_get(block, "input_layernorm")):
-        out.append(Mapping("input_layernorm", attn, "self_attn"))
+    norm1 = _get(block, "input_layernorm")
+    c1 = norm_offset(norm1) if norm1 is not None else None
+    if all(map(lin, attn)) and c1 is not None:
+        out.append(Mapping("input_layernorm", attn, "self_attn", offset=c1))
     v, o = _get(block, "self_attn.v_proj"), _get(block, "self_attn.o_proj")
     if method == "awq" and lin("self_attn.v_proj") and lin("self_attn.o_proj") and num_heads:
         rep, hd = o.in_features // v.out_features if v.out_features else 0, o.in_features // num_heads
         if rep >= 1 and rep * v.out_features == o.in_features and v.out_features % max(hd, 1) == 0:
             out.append(Mapping("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj", rep, hd))
     mlp = ("mlp.gate_proj", "mlp.up_proj")
-    norm2 = _get(block, "post_attention_layernorm")
-    if all(map(lin, mlp)) and lin("mlp.down_proj") and norm2 is not None and _scales_output(norm2):
-        out.append(Mapping("post_attention_layernorm", mlp, "mlp"))
+    if _get(block, "pre_feedforward_layernorm") is not None:
+        name2 = "pre_feedforward_layernorm"
+    elif _get(block, "post_feedforward_layernorm") is None:
+        name2 = "post_attention_layernorm"
+    else:
+        name2 = None
+    norm2 = _get(block, name2) if name2 else None
+    c2 = norm_offset(norm2) if norm2 is not None else None
+    if all(map(lin, mlp)) and lin("mlp.down_proj") and c2 is not None:
+        out.append(Mapping(name2, mlp, "mlp", offset=c2))
     if method == "awq" and all(map(lin, mlp)) and lin("mlp.down_proj"):
         out.append(Mapping("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"))
     return out
@@ -328,8 +354,16 @@ class Fold:
             eff = s
         else:
             n = self.read(f"{prev}.weight")
-            n2 = (n.float() / s).to(n.dtype)
-            eff = torch.where(n2.float() != 0, n.float() / n2.float(), s)
+            c = m.offset  # the norm scales by c + n (Gemma: 1 + n): that product is divided by s
+            if c:
+                ne = n.float() + c
+                n2 = (ne / s - c).to(n.dtype)
+                stuck = (n2.float() + c == 0) & (ne != 0)  # rounded onto -c (a dead channel): keep that channel's norm
+                n2 = torch.where(stuck, n, n2)
+                eff = torch.where(n2.float() + c != 0, ne / (n2.float() + c), s)
+            else:
+                n2 = (n.float() / s).to(n.dtype)
+                eff = torch.where(n2.float() != 0, n.float() / n2.float(), s)
             self.norms[prev] = {"weight": n2}
             bias = self._maybe(f"{prev}.bias")
             if bias is not None:

@@ -80,7 +80,7 @@ def run_eval(dst: str, source: str | None = None, data: str = "default", samples
     config = served.source.config
     src = open_source(source) if source else None
     if src is not None:
-        _check_pair(served.source, src, served.layout)
+        _check_pair(served.source, src, served.layout, served)
     seq_len = min(seq_len, _max_positions(config) or seq_len)
     ids, meta = _samples(data, served.source.root, src.root if src else None, _vocab(config), samples, seq_len)
     record = eval_data.calibration_record(served.source.root) or ({"spec": calib_data} if calib_data else None)
@@ -164,7 +164,7 @@ def _check_gate_kind(dst: str, kind: str, limits: dict) -> None:
         raise UsageError(f"{dst}: {what}; drop {' / '.join(wrong)} and gate with {right}")
 
 
-def _check_pair(dst_source, src, layout: str | None = None) -> None:
+def _check_pair(dst_source, src, layout: str | None = None, served=None) -> None:
     """SRC must be the same architecture and vocabulary (its tokens are scored against DST's)."""
     from ..calibration import _vocab
     from ..errors import SourceError
@@ -177,13 +177,14 @@ def _check_pair(dst_source, src, layout: str | None = None) -> None:
     if _vocab(a) != _vocab(b):
         raise SourceError(f"--source {src.label}: vocab_size {_vocab(b)} differs from DST's {_vocab(a)}; "
                           "give the checkpoint DST was converted from")
-    _check_shapes(dst_source, src, layout)
+    _check_shapes(dst_source, src, layout, served)
 
 
-def _check_shapes(dst_source, src, layout: str | None) -> None:
+def _check_shapes(dst_source, src, layout: str | None, served=None) -> None:
     """SRC's tensors must have DST's shapes: a tensor DST keeps in a float dtype (norms, embeddings,
     excluded Linears) has SRC's shape, a quantized one (FP8, packed FP4 / INT4 with its scales) keeps
-    the output rows first in the plain layout. A source with another intermediate size is refused
+    the output rows first in the plain layout, after its scheme's ``logical_shape`` (ModelOpt's INT4
+    packs two rows per byte: ``[N/2, K]``). A source with another intermediate size is refused
     here, naming the tensor, instead of being scored against DST."""
     from ..checkpoint.safetensors_header import FLOAT_SOURCE_DTYPES
     from ..errors import SourceError
@@ -195,7 +196,13 @@ def _check_shapes(dst_source, src, layout: str | None) -> None:
         plain = info.dtype in FLOAT_SOURCE_DTYPES and other.dtype in FLOAT_SOURCE_DTYPES
         if not plain and layout not in (None, "plain"):
             continue  # a repacked weight (Marlin): its rows are permuted tiles
-        if (tuple(info.shape) != tuple(other.shape)) if plain else info.shape[0] != other.shape[0]:
+        shape = tuple(info.shape)
+        spec = served.linears.get(info.module) if served is not None and not plain and info.leaf == "weight" else None
+        if spec is not None and layout in (None, "plain"):
+            from .weights import _scheme
+
+            shape = tuple(_scheme(served.fmt, spec.algo).logical_shape(shape))
+        if (shape != tuple(other.shape)) if plain else shape[0] != other.shape[0]:
             raise SourceError(f"--source {src.label}: {name} has shape {list(other.shape)}, DST's is {list(info.shape)}; "
                               "give the checkpoint DST was converted from")
 

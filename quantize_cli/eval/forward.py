@@ -71,7 +71,7 @@ class Side:
     sk: object  # calibration.model.Skeleton
     loader: Loader
     states: list = field(default_factory=list)  # per batch: hidden states [B, L, H]
-    extra: list = field(default_factory=list)  # per batch: block 0's other (args, kwargs)
+    extra: list = field(default_factory=list)  # per batch: the blocks' other arguments (calibration.forward.BlockArgs)
 
 
 @dataclass
@@ -110,11 +110,11 @@ def run(dst: Side, src: Side | None, samples: list[list[int]], device: torch.dev
         peak = max(peak, live)
         stats = LayerStats()
         for j in range(len(groups)):
-            out_d, tuple_out = _block(dst, i, dst.states[j], dst.extra[j])
+            out_d, tuple_out = _block(dst, i, dst.states[j], dst.extra[j].of(i))
             if src is not None:
                 h_in = src.states[j]
-                out_s, _ = _block(src, i, h_in, src.extra[j])
-                own, _ = _block(dst, i, h_in, src.extra[j])
+                out_s, _ = _block(src, i, h_in, src.extra[j].of(i))
+                own, _ = _block(dst, i, h_in, src.extra[j].of(i))
                 stats.add(h_in, out_s, out_d, own)
                 src.states[j] = out_s
             dst.states[j] = out_d

@@ -86,3 +86,30 @@ def deepseek_v3(folder: str, seed: int = 0) -> str:
                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, vocab_size=VOCAB,
                            tie_word_embeddings=False)
     return save(DeepseekV3ForCausalLM(cfg), folder, with_tokenizer=False)
+
+
+def gemma3_model(seed: int = 0, hidden: int = 64, intermediate: int = 128, window: int = 4):
+    """An unsaved Gemma 3 text model: head_dim 32 != hidden / heads, q/k norms, a sliding layer whose
+    window is shorter than the test samples then a full-attention one, query_pre_attn_scalar apart
+    from head_dim, tied embeddings; its (1 + w) norms randomised (transformers inits them to 0),
+    with outlier channels in the input and pre-MLP norms, as real LLMs have."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, vocab_size=VOCAB, sliding_window=window,
+                           layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+                           max_position_embeddings=256, tie_word_embeddings=True)
+    model = Gemma3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape) * 0.3)
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[[3, 17]] = 30.0
+            layer.pre_feedforward_layernorm.weight[[5]] = 30.0
+    return model
+
+
+def gemma3(folder: str, seed: int = 0, **kw) -> str:
+    return save(gemma3_model(seed, **kw), folder)

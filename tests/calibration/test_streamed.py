@@ -94,7 +94,7 @@ def _streamed(folder: str, data: str):
 
 
 @pytest.mark.parametrize("build, prefix", [(builders.llama, "model"), (builders.qwen3_moe, "model"), (builders.bert, ""),
-                                           (builders.deepseek_v3, "model")])
+                                           (builders.deepseek_v3, "model"), (builders.gemma3, "model")])
 def test_streamed_equals_whole_model(tmp_path, build, prefix):
     folder = build(str(tmp_path / "src"))
     doc = _streamed(folder, _jsonl(tmp_path / "c.jsonl"))
