@@ -169,6 +169,8 @@ class CtFp8(CtScheme):
 class CtInt8(CtScheme):
     """W8A8: int8 per-channel weights, scale = amax / 127.5 in the source dtype."""
 
+    act_kind = "int8_token"  # W8A8: dynamic per-token int8 activations (ModelOpt's INT8 is W8A16)
+
     def outputs(self, shape):
         n, k = shape
         return {"weight": ("I8", (n, k)), "weight_scale": (self.source_dtype, (n, 1))}
@@ -200,6 +202,8 @@ def e2m1_round(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class CtNvfp4(CtScheme):
     """NVFP4 (``input_global_scale`` when static) and NVFP4A16: packed E2M1, e4m3 group scales."""
+
+    global_scale_key = "weight_global_scale"
 
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")

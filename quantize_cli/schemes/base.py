@@ -51,6 +51,18 @@ class Scheme:
     static_input_scale: float | None = None
     group_size: int | None = None
     row_align: int = 1
+    # the 0-d scale over the group scales (NVFP4's ``weight_scale_2``), which vLLM merges over a fused
+    # layer: its tensor name in the format, None where the scheme has no such second level
+    global_scale_key = None
+
+    @property
+    def act_kind(self) -> str | None:
+        """How an engine quantizes this scheme's activations at serve time (``eval/activations.KINDS``),
+        None for 16-bit ones: the algorithm's (``Algorithm.act_kind``) unless the format's scheme
+        says otherwise (compressed-tensors' INT8 is W8A8)."""
+        from ..algorithms import ALGORITHMS
+
+        return ALGORITHMS[self.algo].act_kind
 
     @property
     def k_group(self) -> int | None:

@@ -52,6 +52,8 @@ def block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
 class Nvfp4(Scheme):
     """``NVFP4`` (static 0-d ``input_scale``) and ``W4A16_NVFP4`` (none): same weight tensors."""
 
+    global_scale_key = "weight_scale_2"
+
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")
 

@@ -46,6 +46,14 @@ class Searched(Scheme):
             raise AttributeError(name)
         return getattr(self.base, name)
 
+    @property
+    def act_kind(self):
+        return self.base.act_kind  # a property of Scheme: __getattr__ would not reach the base's own
+
+    @property
+    def global_scale_key(self):
+        return self.base.global_scale_key
+
     def shape_problem(self, shape):
         return self.base.shape_problem(shape)
 
