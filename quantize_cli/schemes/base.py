@@ -54,6 +54,14 @@ class Scheme:
     # the 0-d scale over the group scales (NVFP4's ``weight_scale_2``), which vLLM merges over a fused
     # layer: its tensor name in the format, None where the scheme has no such second level
     global_scale_key = None
+    bits = 8  # bits per weight code (NVFP4's E2M1 and INT4: 4): what a kernel layout packs
+    # ModelOpt 0.47's exporter writes config_groups for a single-algorithm checkpoint of this scheme
+    modelopt_single_group = False
+
+    def modelopt_group(self, group_size: int | None) -> dict | None:
+        """ModelOpt's ``_quant_algo_to_group_config`` for this scheme (`group_size`: the one its
+        document names, None: the scheme's own); None where ModelOpt has no group details for it."""
+        return None
 
     @property
     def act_kind(self) -> str | None:

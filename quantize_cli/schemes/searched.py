@@ -54,6 +54,17 @@ class Searched(Scheme):
     def global_scale_key(self):
         return self.base.global_scale_key
 
+    @property
+    def bits(self):
+        return self.base.bits
+
+    @property
+    def modelopt_single_group(self):
+        return self.base.modelopt_single_group
+
+    def modelopt_group(self, group_size):
+        return self.base.modelopt_group(group_size)
+
     def shape_problem(self, shape):
         return self.base.shape_problem(shape)
 
