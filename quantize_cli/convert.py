@@ -335,7 +335,7 @@ def _comparable(plan: Plan) -> bool:
     design); a GPTQ one in compressed-tensors neither (its documents do not record the rounding that
     verify needs to relax the weight floors; ModelOpt's converter block does)."""
     method = getattr(plan.weights, "request", {}).get("method", {})
-    return method.get("smooth", "none") == "none" and (not method or plan.format.name == "modelopt")
+    return method.get("smooth", "none") == "none" and (not method or plan.format.documents_record_run)
 
 
 def _with_hub_sidecars(plan, work, hub):

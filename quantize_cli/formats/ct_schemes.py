@@ -204,6 +204,7 @@ class CtNvfp4(CtScheme):
     """NVFP4 (``input_global_scale`` when static) and NVFP4A16: packed E2M1, e4m3 group scales."""
 
     global_scale_key = "weight_global_scale"
+    inverse_input_scale = True  # input_global_scale = 2688 / amax
 
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")

@@ -54,6 +54,8 @@ class Scheme:
     # the 0-d scale over the group scales (NVFP4's ``weight_scale_2``), which vLLM merges over a fused
     # layer: its tensor name in the format, None where the scheme has no such second level
     global_scale_key = None
+    # the static input scale is stored as its inverse (compressed-tensors NVFP4's input_global_scale)
+    inverse_input_scale = False
     bits = 8  # bits per weight code (NVFP4's E2M1 and INT4: 4): what a kernel layout packs
     # ModelOpt 0.47's exporter writes config_groups for a single-algorithm checkpoint of this scheme
     modelopt_single_group = False

@@ -55,6 +55,10 @@ class Searched(Scheme):
         return self.base.global_scale_key
 
     @property
+    def inverse_input_scale(self):
+        return self.base.inverse_input_scale
+
+    @property
     def bits(self):
         return self.base.bits
 
