@@ -84,6 +84,11 @@ class CtScheme(Scheme):
 
     preset: str = ""
     source_dtype: str = "BF16"
+    # what vLLM 0.33 does with it (formats/vllm_ct.py): its Linear scheme, the scheme's static-input
+    # flag (None: the scheme has no such flag) and its MoE method
+    vllm_linear: str = ""
+    vllm_static: bool | None = None
+    vllm_moe: str = ""
 
     def outputs_for(self, info):
         """The outputs of a source tensor: scales take its dtype (bf16, fp16 or fp32)."""
