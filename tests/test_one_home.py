@@ -33,11 +33,7 @@ def test_files_are_replaced_only_by_the_durable_writer():
 # Literal tables of --algo names outside ALGORITHMS (algorithms.py) and the scheme registry
 # (schemes/__init__.py), per file: issue 35's remaining ones, to be replaced by a field of the
 # Algorithm / scheme / format object. The count may only go down; a new file may not get one.
-KNOWN_TABLES = {
-    "calibration/fake_quant.py": 1, "eval/weights.py": 2, "formats/ct_config.py": 2, "formats/modelopt.py": 1,
-    "formats/modelopt_documents.py": 2, "formats/readback.py": 1, "formats/vllm_ct.py": 1, "layouts/__init__.py": 3,
-    "layouts/cutlass_shapes.py": 1, "layouts/flashinfer.py": 1, "layouts/marlin_shapes.py": 2, "layouts/packing.py": 1,
-}
+KNOWN_TABLES = {"formats/ct_config.py": 2, "formats/modelopt.py": 1, "layouts/__init__.py": 1}
 HOMES = {"algorithms.py", "schemes/__init__.py"}
 
 

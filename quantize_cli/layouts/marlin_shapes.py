@@ -10,7 +10,20 @@ import math
 
 from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
 from ..schemes import SCHEMES
-from ..schemes.int4 import INT4_GROUP
+from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+from ..schemes.int4 import INT4_GROUP, Int4Group
+from ..schemes.int8 import Int8PerChannel
+from ..schemes.mxfp8 import Mxfp8
+from ..schemes.nvfp4 import Nvfp4
+from .support import INT4_MARLIN_ONLY, INT4_ZERO_POINTS, NVFP4_WEIGHT_ONLY, PACKS
+
+# scheme kind (layouts/support.py) -> what Marlin does: every dense kind is weight-only or has a W8A16 path
+# (INT8 = ModelOpt W8A16) but int4 with zero points; MoE stacks: MXFP8 only
+DENSE = {Fp8PerTensor: PACKS, Fp8PerChannel: PACKS, Fp8Block: PACKS, Nvfp4: PACKS, NVFP4_WEIGHT_ONLY: PACKS,
+         Int8PerChannel: PACKS, Mxfp8: PACKS, Int4Group: PACKS, INT4_ZERO_POINTS: INT4_MARLIN_ONLY}
+MOE = {Mxfp8: PACKS, Int4Group: INT4_MARLIN_ONLY, INT4_ZERO_POINTS: INT4_MARLIN_ONLY}
+NO_MOE_KERNEL = ("Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); "
+                 "use --layout plain")
 
 SUFFIX = "_marlin"
 TILE_K, TILE_N = 16, 64
