@@ -60,6 +60,13 @@ class Algorithm:
         blackwell_kernels: the native activation-quantizing kernels vLLM has only on Blackwell
             (``FP4``, ``MX``); on Hopper it serves the algorithm weight-only (Marlin). None: the
             same kernels on both (``quantize eval`` says which figure it measured).
+        sqnr_floor_db: the absolute SQNR floor (dB) verify holds every quantized weight to
+            (justified in docs/verify.md, measured typical values there).
+        act_kind: how an engine quantizes the activations at serve time, as ``quantize eval`` and
+            calibration's fake quantization replay it (``eval/activations.KINDS``: ``fp8_tensor``,
+            ``fp8_token``, ``fp8_group``, ``nvfp4``, ``mxfp8``); None: 16-bit activations (a
+            format may write the same weights with quantized activations: ``Scheme.act_kind``).
+        zero_points: the weights carry a zero point per group (asymmetric codes).
     """
 
     name: str
@@ -72,6 +79,9 @@ class Algorithm:
     group_size: int | None = None
     awq_quant_algo: str | None = None
     blackwell_kernels: str | None = None
+    sqnr_floor_db: float = 20.0
+    act_kind: str | None = None
+    zero_points: bool = False
 
     @property
     def static(self) -> bool:
@@ -81,27 +91,31 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("FP8", "FP8", "static", "FP8 e4m3 weights with one fp32 scale per tensor; static per-tensor FP8 activations",
-              "fp8", activation_bound=E4M3_MAX, shares_global_amax=True),
+              "fp8", activation_bound=E4M3_MAX, shares_global_amax=True, act_kind="fp8_tensor"),
     Algorithm("FP8_PER_CHANNEL_PER_TOKEN", "FP8_PER_CHANNEL_PER_TOKEN", "dynamic",
-              "FP8 e4m3 weights with one scale per output channel; dynamic per-token FP8 activations", "fp8"),
+              "FP8 e4m3 weights with one scale per output channel; dynamic per-token FP8 activations", "fp8",
+              act_kind="fp8_token"),
     Algorithm("FP8_PB_WO", "fp8_pb_wo", "dynamic",
-              "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations", "fp8"),
+              "FP8 e4m3 weights with one scale per 128x128 block; dynamic 1x128-group FP8 activations", "fp8",
+              act_kind="fp8_group"),
     Algorithm("NVFP4", "NVFP4", "static", "NVFP4 (E2M1 in 16-element groups, e4m3 group scales, fp32 global scale); "
               "static global + dynamic group FP4 activations", "nvfp4", activation_bound=E4M3_MAX * E2M1_MAX,
-              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ", blackwell_kernels="FP4"),
+              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ", blackwell_kernels="FP4",
+              sqnr_floor_db=12.0, act_kind="nvfp4"),
     # W4A16_NVFP4_CFG with awq_lite is NVFP4_AWQ too: get_quantization_format tests for a
     # pre_quant_scale before it tests for a disabled input quantizer (it writes no input_scale)
     Algorithm("W4A16_NVFP4", "W4A16_NVFP4", "none", "NVFP4 weights (E2M1, 16-element groups); 16-bit activations", "nvfp4",
-              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ"),
+              shares_global_amax=True, group_size=NVFP4_GROUP, awq_quant_algo="NVFP4_AWQ", sqnr_floor_db=12.0),
     Algorithm("INT8", "W8A16", "none", "int8 weights with one scale per output channel (ModelOpt W8A16); 16-bit activations "
               "(compressed-tensors W8A8: dynamic per-token int8)", "int8"),
     Algorithm("MXFP8", "MXFP8", "dynamic", "MXFP8 e4m3 weights with one power-of-two (e8m0) scale per 32 along K; "
-              "dynamic MX activations", "mxfp8", group_size=MX_BLOCK, blackwell_kernels="MX"),
+              "dynamic MX activations", "mxfp8", group_size=MX_BLOCK, blackwell_kernels="MX", act_kind="mxfp8"),
     # ModelOpt calls group-128 int4 weight-only W4A16_AWQ, AWQ-smoothed or not; it never writes zero points
     Algorithm("INT4", "W4A16_AWQ", "none", "int4 weights with one scale per 128-element group (W4A16, symmetric); "
-              "16-bit activations", "int4", group_size=INT4_GROUP),
+              "16-bit activations", "int4", group_size=INT4_GROUP, sqnr_floor_db=10.0),
     Algorithm("INT4_ASYM", "W4A16_AWQ", "none", "int4 weights with one scale and zero point per 128-element group "
-              "(W4A16_ASYM); 16-bit activations", "int4", group_size=INT4_GROUP),
+              "(W4A16_ASYM); 16-bit activations", "int4", group_size=INT4_GROUP, sqnr_floor_db=10.0,
+              zero_points=True),
 )}
 ALGOS = tuple(ALGORITHMS)
 ALIASES = {"W8A16": "INT8",  # ModelOpt's name for what this tool calls INT8

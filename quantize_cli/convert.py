@@ -351,7 +351,7 @@ def _comparable(plan: Plan) -> bool:
     from .calibration.stage import method_of
 
     method = method_of(plan)  # the draft of a finished GPTQ / smoothing retry, or the final plan
-    return method.get("smooth", "none") == "none" and (not method or plan.format.name == "modelopt")
+    return method.get("smooth", "none") == "none" and (not method or plan.format.documents_record_run)
 
 
 def _with_hub_sidecars(plan, work, hub):

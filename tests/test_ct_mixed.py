@@ -22,7 +22,6 @@ from quantize_cli.errors import CheckFailed, PlanError, UsageError
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, qwen3_moe_config, qwen3_moe_tensors
 from quantize_cli.formats import CT_SCHEMES
 from quantize_cli.formats.ct_mixed import group_of
-from quantize_cli.formats.vllm_ct import VLLM_CT
 from quantize_cli.inspect_checkpoint import ct_summary
 from quantize_cli.verify import verify_checkpoint
 from tests.conftest import GOLDEN, assert_same_bytes, load_all
@@ -158,16 +157,16 @@ def test_check_predicts_what_vllm_decided_per_layer(moe_src, tmp_path):
         algos_dense.add(algo)
         algos_moe.add(rule.split("=")[1]) if model == "moe" else None
         assert not any(v.startswith("ERROR") for v in decided[case].values())
-    assert algos_dense == algos_moe == set(VLLM_CT)  # every algorithm as a dense default and as MoE experts
+    assert algos_dense == algos_moe == set(CT_SCHEMES)  # every algorithm as a dense default and as MoE experts
 
 
 def test_every_compressed_tensors_algorithm_is_served_per_layer():
-    assert set(CT_SCHEMES) == set(VLLM_CT)
+    assert all(s.vllm_linear and s.vllm_moe for s in CT_SCHEMES.values())  # a Linear scheme and a MoE method each
     from quantize_cli.formats import COMPRESSED_TENSORS
 
     linear, moe = COMPRESSED_TENSORS.mixed_served()
     where = COMPRESSED_TENSORS.mixed_where()
-    assert set(linear) == set(moe) == set(VLLM_CT) and "config_groups" in where
+    assert set(linear) == set(moe) == set(CT_SCHEMES) and "config_groups" in where
 
 
 def test_verify_reads_each_layer_against_its_own_group(tiny_llama, tmp_path):

@@ -97,12 +97,12 @@ def test_vllm_loads_our_int4_as_we_dequantize_it():
     """vllm_int4_load.json (bench/ct_vllm_int4_load.py in the vLLM 0.33 scratch venv): vLLM's own
     QKV / merged / row-parallel Linears, loaded through its weight loaders from our tiny-llama
     outputs, dequantize to exactly our values, with the scheme and code type check predicts."""
-    from quantize_cli.formats.vllm_ct import VLLM_CT
+    from quantize_cli.formats import CT_SCHEMES
 
     with open(os.path.join(CT, "vllm_int4_load.json")) as f:
         res = json.load(f)
     assert set(res) == {"INT4", "INT4_ASYM"}
     for algo, layers in res.items():
         assert len(layers) == 8 and all(v["equal"] for v in layers.values()), algo
-        assert {v["scheme"] for v in layers.values()} == {VLLM_CT[algo][0]}
+        assert {v["scheme"] for v in layers.values()} == {CT_SCHEMES[algo].vllm_linear}
         assert {v["quant_type"] for v in layers.values()} == {"uint4b8" if algo == "INT4" else "uint4"}

@@ -85,15 +85,15 @@ def mx(x: torch.Tensor, amax: float) -> torch.Tensor:
     return (fp8_cast(g / s).float() * s).reshape(x.shape)
 
 
+# eval/activations.KINDS -> the rule here (the scheme says which kind it serves with: Scheme.act_kind)
+_BY_KIND: dict[str, ActQuant] = {"fp8_tensor": fp8_static, "nvfp4": nvfp4, "fp8_token": fp8_per_token,
+                                 "fp8_group": fp8_groups, "mxfp8": mx, "int8_token": int8_per_token}
+
+
 def activation_quant(scheme) -> ActQuant | None:
     """The serve-time activation quantization of `scheme` (None: activations stay bf16)."""
-    from ..formats.ct_schemes import CtScheme
-
-    algo = scheme.algo
-    if algo == "INT8":
-        return int8_per_token if isinstance(scheme, CtScheme) else None
-    return {"FP8": fp8_static, "NVFP4": nvfp4, "FP8_PER_CHANNEL_PER_TOKEN": fp8_per_token, "FP8_PB_WO": fp8_groups,
-            "MXFP8": mx}.get(algo)
+    kind = scheme.act_kind
+    return None if kind is None else _BY_KIND[kind]
 
 
 __all__ = ["activation_quant", "e2m1_round", "fp8_static", "nvfp4", "fp8_per_token", "fp8_groups", "int8_per_token", "mx"]

@@ -264,7 +264,9 @@ def calibrate_weights(src: str, draft, calib_data: str, output: str, samples: in
 
 def refuse_weight_flags(algo, fmt, scale_search, exclude) -> None:
     """``calibrate`` without --rounding gptq / --smooth: the options that only serve them are usage errors."""
-    given = [f for f, on in (("--algo", algo), ("--format", (fmt or "modelopt").lower() != "modelopt"),
+    from ..formats import MODELOPT, format_named
+
+    given = [f for f, on in (("--algo", algo), ("--format", fmt is not None and format_named(fmt) is not MODELOPT),
                              ("--scale-search", (scale_search or "none").lower() != "none"), ("--exclude", exclude)) if on]
     if given:
         raise UsageError(f"calibrate {' '.join(given)}: only with --rounding gptq or --smooth (the activation amax do not depend on them)")

@@ -46,9 +46,9 @@ from .activations import NONE, ActRule
 if TYPE_CHECKING:
     import torch
 
+    from ..formats.base import Format
+
 _STATIC_INPUT = ("input_scale", "input_global_scale")
-_ACT_KIND = {"FP8": "fp8_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_token", "FP8_PB_WO": "fp8_group",
-             "NVFP4": "nvfp4", "MXFP8": "mxfp8"}  # W4A16_NVFP4 and ModelOpt's W8A16: weight-only
 _EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")
 
 
@@ -74,7 +74,7 @@ class Served:
     """A converted checkpoint, read as vLLM serves it (:func:`open_served`)."""
 
     source: object  # checkpoint.source.Source: root, config, tensors
-    fmt: str | None  # "modelopt", "compressed-tensors", or None (not quantized)
+    format: Format | None  # formats.MODELOPT / COMPRESSED_TENSORS, or None (not quantized)
     quant_algo: str | None
     linears: dict[str, ServedLinear]
     kv_cache: bool  # FP8 KV cache declared
@@ -88,6 +88,11 @@ class Served:
     def tensors(self):
         return self.source.tensors
 
+    @property
+    def fmt(self) -> str | None:
+        """The format's name (the eval report's ``format``), None when not quantized."""
+        return self.format.name if self.format is not None else None
+
     def leaves(self, module: str) -> dict:
         """TensorInfo of every tensor of `module`, by leaf name (``weight``, ``weight_scale`` ...)."""
         if not self._modules:
@@ -99,10 +104,10 @@ class Served:
         """fp32 ``[N, K]``: the weight vLLM computes with for quantized Linear `name`, dequantized
         on `device` (the written tensors are moved there first: a GPU dequantizes in a blink)."""
         spec = self.linears[name]
-        scheme = _scheme(self.fmt, spec.algo)
+        scheme = self.format.scheme(spec.algo)
         q = {k: v.to(device) if device is not None else v for k, v in self._plain(name).items()}
-        if spec.algo in ("NVFP4", "W4A16_NVFP4"):
-            q = self._merged_fp4_global(spec, q)
+        if scheme.global_scale_key is not None:
+            q = self._merged_fp4_global(spec, q, scheme.global_scale_key)
         w = scheme.dequantize(q)
         if spec.algo == "FP8" and len(spec.unit) > 1:
             w = self._requantize_to_max(spec, q, w)
@@ -172,11 +177,11 @@ class Served:
         names = {v: k for k, v in expert_names(self.recipe).items()}
         return self._stacks[layer][e][names[role]].contiguous()
 
-    def _merged_fp4_global(self, spec: ServedLinear, q: dict) -> dict:
-        """NVFP4: the global weight scale vLLM applies (see the module docstring)."""
+    def _merged_fp4_global(self, spec: ServedLinear, q: dict, key: str) -> dict:
+        """NVFP4: the global weight scale vLLM applies (see the module docstring); `key`: its tensor's
+        name in this format (``Scheme.global_scale_key``)."""
         import torch
 
-        key = "weight_scale_2" if self.fmt != "compressed-tensors" else "weight_global_scale"
         values = [_scalar(self.tensors[f"{m}.{key}"]) for m in spec.unit if f"{m}.{key}" in self.tensors]
         if not values:
             return q
@@ -210,16 +215,6 @@ def _scalar(info) -> float:
     return float(read_tensor(info).float().reshape(-1).max())
 
 
-def _scheme(fmt: str | None, algo: str):
-    if fmt == "compressed-tensors":
-        from ..formats import CT_SCHEMES
-
-        return CT_SCHEMES[algo]
-    from ..schemes import SCHEMES
-
-    return SCHEMES[algo]
-
-
 def open_served(path: str, weights_only: bool = False) -> Served:
     """Read the converted checkpoint at `path` (folder or Hub id) as vLLM would serve it.
 
@@ -231,12 +226,11 @@ def open_served(path: str, weights_only: bool = False) -> Served:
     from ..formats import COMPRESSED_TENSORS, MODELOPT, format_of_config
 
     source = open_source(path, allow_quantized=True)
-    found = format_of_config(source.config)
-    fmt = found.name if found else None
-    if found is COMPRESSED_TENSORS:
+    fmt = format_of_config(source.config)
+    if fmt is COMPRESSED_TENSORS:
         algo_of, quant_algo, kv, recipe, layout = _ct_config(source)
     elif fmt is not None or os.path.exists(os.path.join(source.root, "hf_quant_config.json")):
-        fmt = MODELOPT.name
+        fmt = MODELOPT
         algo_of, quant_algo, kv, recipe, layout = _modelopt_config(source)
     else:
         algo_of, quant_algo, kv, recipe, layout = (lambda m: None), None, False, _recipe(None, source), None
@@ -253,7 +247,7 @@ def open_served(path: str, weights_only: bool = False) -> Served:
         algos[mod] = algo
     units, groups = _merge_groups(list(algos), recipe)
     for mod, algo in algos.items():
-        rule = NONE if weights_only else _act_rule(served, algo, fmt, groups[mod])
+        rule = NONE if weights_only else _act_rule(served, fmt.scheme(algo), groups[mod])
         served.linears[mod] = ServedLinear(mod, algo, rule, units[mod], groups[mod],
                                            f"{mod}.pre_quant_scale" in source.tensors)
     return served
@@ -354,11 +348,10 @@ def _merge_groups(mods: list[str], recipe) -> tuple[dict[str, tuple], dict[str, 
     return units, groups
 
 
-def _act_rule(served: Served, algo: str, fmt: str | None, group: tuple[str, ...]) -> ActRule:
-    """The activation rule of a module of `algo` whose static input scales merge over `group`."""
-    kind = _ACT_KIND.get(algo)
-    if algo == "INT8" and fmt == "compressed-tensors":
-        kind = "int8_token"  # W8A8: compressed_tensors_w8a8_int8, dynamic per-token int8
+def _act_rule(served: Served, scheme, group: tuple[str, ...]) -> ActRule:
+    """The activation rule of a module written with `scheme` (its format's; ``Scheme.act_kind``: the
+    INT8 of compressed-tensors is W8A8, ModelOpt's W8A16) whose static input scales merge over `group`."""
+    algo, kind = scheme.algo, scheme.act_kind
     if kind is None:
         return NONE
     if kind not in ("fp8_tensor", "nvfp4"):

@@ -45,6 +45,17 @@ class Format:
     # recipe): a finished output without its seal can be compared through them (output/workfolder.py)
     documents_record_run: bool = False
     served: Mapping[str, Served] = {}
+    hub_tags: tuple[str, ...] = ()  # the model card's extra Hub tags for this format
+
+    # --- the model card ---------------------------------------------------------------------
+
+    def card_how(self) -> str:
+        """The card's words for the format an output is written in."""
+        return f"the {self.name} format (`quant_method: {self.config_method}`)"
+
+    def card_where(self, quant_algo: str | None) -> str:
+        """The card's words for where the quantization is recorded (`quant_algo`: the output's)."""
+        return "`quantization_config` in config.json"
 
     # --- planning ---------------------------------------------------------------------------
 

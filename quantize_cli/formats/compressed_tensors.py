@@ -3,7 +3,7 @@
 One object for the format: its schemes (ct_schemes.py, ct_mxfp8.py; the weight math of
 llm-compressor 0.14's presets), its documents (ct_config.py: config.json's ``quantization_config``;
 several config groups for mixed precision: ct_mixed.py), its ``ignore`` rules (ct_exclusions.py),
-its shape rules (block_shapes.py), its verify rules (ct_verify.py) and what serves it (``VLLM_CT``:
+its shape rules (block_shapes.py), its verify rules (ct_verify.py) and what serves it (each scheme's ``vllm_linear`` / ``vllm_moe``:
 vLLM 0.33 serves every preset here per Linear and per MoE layer, vllm_ct.py; transformers
 decompresses it on load).
 
@@ -33,7 +33,6 @@ from .ct_int4 import CtInt4
 from .ct_mxfp8 import CtMxfp8
 from .ct_schemes import CtFp8, CtInt8, CtNvfp4, CtScheme
 from .static_scales import static_input_value
-from .vllm_ct import VLLM_CT
 
 
 def _ct(cls, algo: str, preset: str, **kw) -> CtScheme:
@@ -43,21 +42,35 @@ def _ct(cls, algo: str, preset: str, **kw) -> CtScheme:
                preset=preset, **kw)
 
 
-# algo -> the scheme writing llm-compressor's preset (the one table of this format's algorithms)
+# vLLM 0.33's methods (vllm_ct.py): Linear scheme, MoE method
+_FP8 = ("CompressedTensorsW8A8Fp8", "CompressedTensorsW8A8Fp8MoEMethod")
+_FP4 = ("CompressedTensorsW4A4Fp4", "CompressedTensorsW4A4Nvfp4MoEMethod")
+_WNA16 = ("CompressedTensorsWNA16", "CompressedTensorsWNA16MoEMethod")  # Marlin / Machete / CUTLASS W4A16
+
+
+def _vllm(methods: tuple[str, str], static: bool | None) -> dict:
+    return {"vllm_linear": methods[0], "vllm_static": static, "vllm_moe": methods[1]}
+
+
+# algo -> the scheme writing llm-compressor's preset (the one table of this format's algorithms), with
+# what vLLM 0.33 does with it (`static`: its static-input flag, None where the scheme has none)
 CT_SCHEMES: dict[str, CtScheme] = {s.algo: s for s in (
-    _ct(CtFp8, "FP8", "FP8", granularity="tensor"),
-    _ct(CtFp8, "FP8_PER_CHANNEL_PER_TOKEN", "FP8_DYNAMIC", granularity="channel"),
-    _ct(CtFp8, "FP8_PB_WO", "FP8_BLOCK", granularity="block", row_align=FP8_BLOCK),
-    _ct(CtNvfp4, "NVFP4", "NVFP4"),
-    _ct(CtNvfp4, "W4A16_NVFP4", "NVFP4A16"),
-    _ct(CtInt8, "INT8", "W8A8"),
-    _ct(CtMxfp8, "MXFP8", "MXFP8"),
-    _ct(CtInt4, "INT4", "W4A16", row_align=2, symmetric=True),
-    _ct(CtInt4, "INT4_ASYM", "W4A16_ASYM", row_align=8, symmetric=False),  # zero points of eight rows per int32
+    _ct(CtFp8, "FP8", "FP8", granularity="tensor", **_vllm(_FP8, True)),
+    _ct(CtFp8, "FP8_PER_CHANNEL_PER_TOKEN", "FP8_DYNAMIC", granularity="channel", **_vllm(_FP8, False)),
+    _ct(CtFp8, "FP8_PB_WO", "FP8_BLOCK", granularity="block", row_align=FP8_BLOCK, **_vllm(_FP8, False)),
+    _ct(CtNvfp4, "NVFP4", "NVFP4", **_vllm(_FP4, True)),
+    _ct(CtNvfp4, "W4A16_NVFP4", "NVFP4A16", **_vllm(_FP4, False)),
+    _ct(CtInt8, "INT8", "W8A8", **_vllm(("CompressedTensorsW8A8Int8", "CompressedTensorsW8A8Int8MoEMethod"), False)),
+    _ct(CtMxfp8, "MXFP8", "MXFP8", **_vllm(("CompressedTensorsW8A8Mxfp8", "CompressedTensorsW8A8Mxfp8MoEMethod"), None)),
+    _ct(CtInt4, "INT4", "W4A16", row_align=2, symmetric=True, **_vllm(_WNA16, None)),
+    # uint4 with zero points, of eight rows per int32
+    _ct(CtInt4, "INT4_ASYM", "W4A16_ASYM", row_align=8, symmetric=False, **_vllm(_WNA16, None)),
 )}
 
-# vLLM 0.33 serves every preset per Linear and per MoE layer, alone or mixed (vllm_ct.VLLM_CT).
-SERVED = {algo: Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True) for algo in VLLM_CT}
+# vLLM 0.33 serves every preset per Linear and per MoE layer, alone or mixed (each has a Linear scheme
+# and a MoE method: vllm_ct.py).
+SERVED = {algo: Served(vllm=True, vllm_moe=True, mixed=True, mixed_moe=True) for algo, s in CT_SCHEMES.items()
+          if s.vllm_linear and s.vllm_moe}
 
 
 class CompressedTensors(Format):

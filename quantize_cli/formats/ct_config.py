@@ -74,9 +74,10 @@ def quantization_config(preset: str, ignore: list[str], kv_cache_dtype: str | No
     }
 
 
-# Presets whose weights compressed-tensors decompresses to bfloat16 whatever the model's dtype (its
+# Compression formats compressed-tensors decompresses to bfloat16 whatever the model's dtype (its
 # unpack_fp4_from_uint8 and e8m0 scales are bf16): transformers' forward then needs a bf16 model.
-BF16_DECOMPRESSED = ("NVFP4", "NVFP4A16", "MXFP8")
+BF16_FORMATS = ("nvfp4-pack-quantized", "mxfp8-quantized")
+BF16_DECOMPRESSED = tuple(p for p, (fmt, _, _) in PRESETS.items() if fmt in BF16_FORMATS)  # NVFP4, NVFP4A16, MXFP8
 _DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4 writes the first, 5 the second; both read either
 
 

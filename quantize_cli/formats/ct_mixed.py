@@ -16,7 +16,7 @@ matches when all its shards are listed in one group (they always are: a fused gr
 algorithm, mixed.findings), otherwise falls to ``Linear``. A MoE layer is read from expert 0's
 names (``get_moe_method``). llm-compressor's own ``model_free_ptq`` takes the first group *in
 order* instead; its golden (tests/golden/compressed_tensors/) is made with the ``Linear``
-group last. vLLM serves every preset here per Linear and per MoE layer (vllm_ct.VLLM_CT,
+group last. vLLM serves every preset here per Linear and per MoE layer (each CtScheme's vllm_linear / vllm_moe,
 checked in tests/golden/compressed_tensors/vllm_mixed_decisions.json), so no combination of
 them is refused for serving; an algorithm missing from that table is refused (mixed.findings).
 """

@@ -84,6 +84,11 @@ class CtScheme(Scheme):
 
     preset: str = ""
     source_dtype: str = "BF16"
+    # what vLLM 0.33 does with it (formats/vllm_ct.py): its Linear scheme, the scheme's static-input
+    # flag (None: the scheme has no such flag) and its MoE method
+    vllm_linear: str = ""
+    vllm_static: bool | None = None
+    vllm_moe: str = ""
 
     def outputs_for(self, info):
         """The outputs of a source tensor: scales take its dtype (bf16, fp16 or fp32)."""
@@ -169,6 +174,8 @@ class CtFp8(CtScheme):
 class CtInt8(CtScheme):
     """W8A8: int8 per-channel weights, scale = amax / 127.5 in the source dtype."""
 
+    act_kind = "int8_token"  # W8A8: dynamic per-token int8 activations (ModelOpt's INT8 is W8A16)
+
     def outputs(self, shape):
         n, k = shape
         return {"weight": ("I8", (n, k)), "weight_scale": (self.source_dtype, (n, 1))}
@@ -200,6 +207,9 @@ def e2m1_round(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class CtNvfp4(CtScheme):
     """NVFP4 (``input_global_scale`` when static) and NVFP4A16: packed E2M1, e4m3 group scales."""
+
+    global_scale_key = "weight_global_scale"
+    inverse_input_scale = True  # input_global_scale = 2688 / amax
 
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")

@@ -51,6 +51,13 @@ class ModelOpt(Format):
     transformers_loads = False  # transformers skips an unknown quant_method: the weights would load as garbage
     documents_record_run = True  # hf_quant_config.json's converter block: calibration, weights, recipe, layout
     served = SERVED
+    hub_tags = ("nvidia-modelopt",)
+
+    def card_how(self) -> str:
+        return "the NVIDIA ModelOpt checkpoint format (`quant_method: modelopt`)"
+
+    def card_where(self, quant_algo):
+        return f"`quant_algo: {quant_algo}` in hf_quant_config.json and config.json"
 
     def scheme(self, algo: str):
         from ..errors import UsageError

@@ -55,13 +55,10 @@ def _kv_algo(kv_cache_dtype: str | None) -> str | None:
     return None if kv_cache_dtype is None else kv_cache_dtype.upper()
 
 
-# A single-algorithm export carries ``config_groups`` for these only (ModelOpt 0.47's exporter).
-SINGLE_GROUPS = ("FP8", "NVFP4", "W4A16_NVFP4")
-
-
 def config_groups(scheme: Scheme) -> dict | None:
-    """``config_groups`` of a single-algorithm checkpoint: FP8, NVFP4 and W4A16_NVFP4 carry one, others None."""
-    if scheme.quant_algo not in SINGLE_GROUPS:
+    """``config_groups`` of a single-algorithm checkpoint: FP8, NVFP4 and W4A16_NVFP4 carry one
+    (``Scheme.modelopt_single_group``, as ModelOpt 0.47's exporter), others None."""
+    if not scheme.modelopt_single_group:
         return None
     return {"group_0": {**group_config(scheme.quant_algo, scheme.group_size), "targets": ["Linear"]}}
 
@@ -124,20 +121,13 @@ def quantized_layers(schemes: dict[str, Scheme]) -> dict[str, dict]:
 
 
 def group_config(quant_algo: str, group_size: int | None) -> dict:
-    """ModelOpt's ``_quant_algo_to_group_config`` for the algorithms we write (single and mixed checkpoints)."""
-    f8 = {"dynamic": False, "num_bits": 8, "type": "float"}
-    if quant_algo == "FP8":
-        return {"input_activations": dict(f8), "weights": dict(f8)}
-    if quant_algo == "FP8_PER_CHANNEL_PER_TOKEN":
-        return {"input_activations": dict(f8), "weights": {**f8, "strategy": "channel"}}
-    if quant_algo in ("NVFP4", "W4A16_NVFP4"):
-        gs = group_size or 16
-        w = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": gs}
-        return {"weights": w} if quant_algo == "W4A16_NVFP4" else {"input_activations": dict(w), "weights": dict(w)}
-    if quant_algo == "MXFP8":
-        gs = group_size or 32
-        return {"input_activations": {**f8, "group_size": gs}, "weights": {**f8, "group_size": gs}}
-    return {"quant_algo": quant_algo}  # fp8_pb_wo, W8A16: ModelOpt has no group details for them
+    """ModelOpt's ``_quant_algo_to_group_config`` for the algorithms we write (single and mixed
+    checkpoints): the scheme's own (``Scheme.modelopt_group``), else just the quant_algo."""
+    from ..schemes import scheme_for_quant_algo
+
+    scheme = scheme_for_quant_algo(quant_algo)
+    group = scheme.modelopt_group(group_size) if scheme is not None and scheme.quant_algo == quant_algo else None
+    return group if group is not None else {"quant_algo": quant_algo}  # fp8_pb_wo, W8A16: ModelOpt has no group details
 
 
 def mixed_config_groups(layers: dict[str, dict]) -> dict:

@@ -12,6 +12,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
+from ..algorithms import ALGORITHMS
 from ..checkpoint.safetensors_header import TensorInfo, read_header
 from ..checkpoint.source import regular_file_inside
 from ..errors import QuantizeError, display
@@ -19,9 +20,6 @@ from ..jsonfile import MISSING, JsonFileError, load_json
 from ..modules.classify import natural_key
 from ..problems import ERROR, WARNING, Finding, FindingsResult
 
-# Absolute SQNR floors (dB) per algorithm, justified in docs/verify.md (measured typical values there).
-SQNR_FLOOR_DB = {"FP8": 20.0, "FP8_PER_CHANNEL_PER_TOKEN": 20.0, "FP8_PB_WO": 20.0, "NVFP4": 12.0, "W4A16_NVFP4": 12.0, "INT8": 20.0,
-                 "MXFP8": 20.0, "INT4": 10.0, "INT4_ASYM": 10.0}
 MEDIAN_MARGIN_DB = 6.0
 QUANT_LEAVES = ("weight", "weight_scale", "weight_scale_2", "input_scale",
                  "weight_packed", "weight_global_scale", "input_global_scale",
@@ -182,7 +180,7 @@ def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResul
     for name, e in res.errors_by_tensor.items():
         if not floors:
             break
-        floor = SQNR_FLOOR_DB[algo_of[name]]
+        floor = ALGORITHMS[algo_of[name]].sqnr_floor_db  # docs/verify.md justifies each
         values = by_algo.get(algo_of[name])
         median = statistics.median(values) if values else float("inf")
         if e["sqnr_db"] < floor:

@@ -5,6 +5,7 @@ Learned from ``CompressedTensorsConfig._get_scheme_from_parts`` (Linears) and
 with vLLM itself (bench/ct_vllm_decisions.py; its output is tests/golden/compressed_tensors/
 vllm_decisions.json, and bench/ct_vllm_mixed_decisions.py for mixed precision). Every algorithm
 we write in this format has a Linear and a MoE path, so every mix of them is served per layer.
+Each compressed-tensors scheme names its own (``CtScheme.vllm_linear``, ``vllm_static``, ``vllm_moe``).
 """
 
 from __future__ import annotations
@@ -12,20 +13,6 @@ from __future__ import annotations
 from ..algorithms import is_expert_linear, is_experts_prefix
 from ..modules.classify import LINEAR, ROUTER
 from .ct_exclusions import ct_is_ignored
-
-# algo -> (Linear scheme, static input scale? (None: the scheme has no such flag), MoE method)
-VLLM_CT = {
-    "FP8": ("CompressedTensorsW8A8Fp8", True, "CompressedTensorsW8A8Fp8MoEMethod"),
-    "FP8_PER_CHANNEL_PER_TOKEN": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
-    "FP8_PB_WO": ("CompressedTensorsW8A8Fp8", False, "CompressedTensorsW8A8Fp8MoEMethod"),
-    "NVFP4": ("CompressedTensorsW4A4Fp4", True, "CompressedTensorsW4A4Nvfp4MoEMethod"),
-    "W4A16_NVFP4": ("CompressedTensorsW4A4Fp4", False, "CompressedTensorsW4A4Nvfp4MoEMethod"),
-    "INT8": ("CompressedTensorsW8A8Int8", False, "CompressedTensorsW8A8Int8MoEMethod"),
-    "MXFP8": ("CompressedTensorsW8A8Mxfp8", None, "CompressedTensorsW8A8Mxfp8MoEMethod"),  # no static-input flag
-    "INT4": ("CompressedTensorsWNA16", None, "CompressedTensorsWNA16MoEMethod"),  # Marlin / Machete / CUTLASS W4A16
-    "INT4_ASYM": ("CompressedTensorsWNA16", None, "CompressedTensorsWNA16MoEMethod"),  # uint4 with zero points
-}
-
 
 def vllm_schemes(plan) -> dict[str, str]:
     """vLLM module prefix -> the compressed-tensors method vLLM picks for a compressed-tensors plan.
@@ -41,7 +28,8 @@ def vllm_schemes(plan) -> dict[str, str]:
         prefix = m.vllm_prefix
         if prefix in out:
             continue
-        linear, static, moe = VLLM_CT[plan.scheme_of(m.name).algo]  # mixed precision: the module's own group
+        s = plan.scheme_of(m.name)  # mixed precision: the module's own group
+        linear, static, moe = s.vllm_linear, s.vllm_static, s.vllm_moe  # CtScheme's (compressed_tensors.CT_SCHEMES)
         name = m.name if is_experts_prefix(prefix) else prefix
         ignored = ct_is_ignored(name, plan.exclude_modules, packed)
         if is_expert_linear(m.name, prefix):

@@ -20,10 +20,11 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..algorithms import ALGOS
-from ..problems import LAYOUT_NO_BYTES_MOVE, LAYOUT_UNSUPPORTED, Problem
+from ..problems import Problem
 from ..schemes import SCHEMES, get_scheme
 from . import cutlass_shapes, flashinfer_shapes, marlin_shapes
 from .marlin_shapes import act_name
+from .support import verdict
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +61,10 @@ class Layout(str, Enum):
         16-row shuffle + BlockMajorK (block FP8).""")
 
 
+# each packed layout's declaration of the scheme kinds it packs (DENSE, MOE, NO_MOE_KERNEL)
+_RULES = {Layout.MARLIN: marlin_shapes, Layout.CUTLASS: cutlass_shapes, Layout.FLASHINFER: flashinfer_shapes}
+
+
 def _algo(algo: str) -> str:
     return get_scheme(algo).algo  # case-insensitive; W8A16 -> INT8; unknown -> UsageError
 
@@ -71,23 +76,6 @@ def _layout(layout: Layout | str) -> Layout:
 def suffix(layout: Layout | str) -> str:
     """The name suffix of every packed tensor of `layout` (``_marlin``, ...)."""
     return "_" + _layout(layout).value
-
-
-_MXFP8_BLACKWELL = (
-    "vLLM 0.33.0 runs MXFP8 on Blackwell through FlashInfer's MXFP8 GEMM / TRT-LLM MoE kernels, whose "
-    "scale swizzle this converter does not pre-pack; use --layout marlin (SM80+) or --layout plain"
-)
-
-_INT4_MARLIN_ONLY = (
-    "INT4 W4A16 is pre-packed for vLLM's Marlin W4A16 GEMM (dense Linears, symmetric codes) only: vLLM 0.33.0 "
-    "serves int4 through Marlin / Machete / CUTLASS mixed-input kernels (CompressedTensorsWNA16), whose other "
-    "weight preps and the MoE stacks this converter does not reproduce; use --layout marlin or --layout plain"
-)
-
-_W4A16_ONLY = (
-    "W4A16_NVFP4 is weight-only: vLLM 0.33.0 serves it with Marlin (or FlashInfer's CuTe-DSL "
-    "W4A16 GEMM, whose weight prep this converter does not reproduce); use --layout marlin"
-)
 
 
 def supported(layout: Layout | str, algo: str, moe: bool = False) -> str | None:
@@ -102,48 +90,10 @@ def support(layout: Layout | str, algo: str, moe: bool = False) -> Problem | Non
     the kernel reads the plain bytes (nothing to pre-pack), ``layout-unsupported`` otherwise."""
     layout, algo = _layout(layout), _algo(algo)
     subject = f"{layout.value}/{algo}"
-
-    def no(message: str, rule: str = LAYOUT_UNSUPPORTED) -> Problem:
-        return Problem(rule, subject, message)
-
     if layout is Layout.PLAIN:
         return None
-    if algo in ("INT4", "INT4_ASYM"):
-        if algo == "INT4_ASYM" or moe or layout is not Layout.MARLIN:
-            return no(_INT4_MARLIN_ONLY)
-        return None
-    if algo == "MXFP8":
-        return None if layout is Layout.MARLIN else no(_MXFP8_BLACKWELL)  # Marlin: dense and MoE stacks
-    if moe:
-        if layout is Layout.MARLIN:
-            return no("Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); use --layout plain")
-        if algo in ("FP8", "NVFP4", "FP8_PB_WO"):
-            return None
-        if algo == "W4A16_NVFP4":
-            return no(_W4A16_ONLY)
-        return no(f"vLLM 0.33.0 has no {layout.value} MoE kernel for {algo}")
-    if layout is Layout.MARLIN:
-        return None  # every algo is weight-only or has a W8A16 Marlin path (INT8 = ModelOpt W8A16)
-    if algo == "NVFP4":
-        return None
-    if algo == "W4A16_NVFP4":
-        return no(_W4A16_ONLY)
-    if layout is Layout.CUTLASS:
-        return no(cutlass_shapes.NO_BYTES_MOVE[algo], LAYOUT_NO_BYTES_MOVE)
-    if algo == "FP8":
-        return no(
-            "no bytes move: FlashInfer's dense FP8 GEMM (bmm_fp8) reads the same weight.t() view "
-            "and fp32 scalars as CUTLASS; write --layout plain", LAYOUT_NO_BYTES_MOVE)
-    if algo == "FP8_PB_WO":
-        return no(
-            "no bytes move: FlashInfer's SM90 block-FP8 GEMM takes the plain [N, K] weight and "
-            "[N/128, K/128] scales (after DeepGEMM's arch-dependent requant); write --layout plain", LAYOUT_NO_BYTES_MOVE)
-    if algo == "INT8":
-        return no("FlashInfer has no INT8 GEMM in vLLM 0.33.0")
-    return no(
-        "FlashInfer's dense FP8 GEMM takes per-tensor weight and activation scales only; per-channel FP8 "
-        "runs on CUTLASS, where no bytes move; write --layout plain"
-    )
+    found = verdict(_RULES[layout], SCHEMES[algo], moe)  # the layout's own declaration (*_shapes.py)
+    return None if found is None else Problem(found[0], subject, found[1])
 
 
 def _require(layout: Layout, algo: str, moe: bool = False) -> None:

@@ -16,7 +16,7 @@ NVFP4 W4A4 is the only dense format whose bytes move:
 
 FP8 (per tensor / channel / 128x128 block) and INT8 W8A8 move no bytes on CUTLASS: the kernels take
 ``weight.t()`` (a view of the checkpoint's ``[N, K]`` bytes) and the checkpoint's fp32 scales
-(spec §2.1-2.2, §2.5, §4), so there is nothing to pre-pack; :data:`NO_BYTES_MOVE` says why per algo. What is written (names,
+(spec §2.1-2.2, §2.5, §4), so there is nothing to pre-pack; :data:`DENSE` says why per scheme kind. What is written (names,
 dtypes, shapes) is :mod:`.cutlass_shapes`, torch-free.
 Pure torch (pad/reshape/permute): CPU and CUDA give the same bytes.
 """
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..algorithms import NVFP4_GROUP
 from ..schemes.numerics import e2m1_values, unpack_nibbles
 # What is written (names, dtypes, shapes) and why FP8 / INT8 move nothing: torch-free, for the plan.
-from .cutlass_shapes import NO_BYTES_MOVE, SUFFIX, WEIGHT_ALIGN, padded_weight_shape, specs, swizzled_shape  # noqa: F401
+from .cutlass_shapes import DENSE, SUFFIX, WEIGHT_ALIGN, padded_weight_shape, specs, swizzled_shape  # noqa: F401
 
 
 def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:

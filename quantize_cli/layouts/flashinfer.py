@@ -190,9 +190,10 @@ def unpack_moe(backend: str, algo: str, packed: dict[str, dict], sfx: str) -> di
     Only the weights are inverted: the plain scales are kept beside (the clamp of block scales
     and the [E] max of FP8 scales lose information)."""
     a, b = packed["w13"]["weight" + sfx], packed["w2"]["weight" + sfx]
-    if algo == "FP8_PB_WO" and backend == "trtllm":
+    block = algo == "FP8_PB_WO"  # BlockMajorK; the others packed here (FP8, NVFP4): gated interleave + shuffle
+    if block and backend == "trtllm":
         a, b = from_block_major_k(a), from_block_major_k(b)
-    if algo in ("FP8", "NVFP4") and backend == "trtllm":
+    if not block and backend == "trtllm":
         a = gated_unshuffle(_u8(a)).view(a.dtype)
         b = unshuffle_rows(_u8(b), 32, dim=1).view(b.dtype)
     else:

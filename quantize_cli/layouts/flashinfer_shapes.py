@@ -4,7 +4,33 @@ dtypes, shapes) and the shape rules: torch-free, for the plan. The packing is :m
 from __future__ import annotations
 
 from ..algorithms import FP8_BLOCK, NVFP4_GROUP
+from ..problems import LAYOUT_UNSUPPORTED
+from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+from ..schemes.int4 import Int4Group
+from ..schemes.int8 import Int8PerChannel
+from ..schemes.mxfp8 import Mxfp8
+from ..schemes.nvfp4 import Nvfp4
+from . import cutlass_shapes
 from .cutlass_shapes import swizzled_shape
+from .support import INT4_MARLIN_ONLY, INT4_ZERO_POINTS, MXFP8_BLACKWELL, NVFP4_WEIGHT_ONLY, PACKS, W4A16_ONLY, no_bytes_move
+
+# scheme kind (layouts/support.py) -> what the FlashInfer TRT-LLM-gen kernels do with a dense Linear of it
+DENSE = {
+    Nvfp4: PACKS, NVFP4_WEIGHT_ONLY: W4A16_ONLY, Mxfp8: MXFP8_BLACKWELL, Int4Group: INT4_MARLIN_ONLY,
+    INT4_ZERO_POINTS: INT4_MARLIN_ONLY,
+    Fp8PerTensor: no_bytes_move(
+        "no bytes move: FlashInfer's dense FP8 GEMM (bmm_fp8) reads the same weight.t() view "
+        "and fp32 scalars as CUTLASS; write --layout plain"),
+    Fp8Block: no_bytes_move(
+        "no bytes move: FlashInfer's SM90 block-FP8 GEMM takes the plain [N, K] weight and "
+        "[N/128, K/128] scales (after DeepGEMM's arch-dependent requant); write --layout plain"),
+    Int8PerChannel: (LAYOUT_UNSUPPORTED, "FlashInfer has no INT8 GEMM in vLLM 0.33.0"),
+    Fp8PerChannel: (LAYOUT_UNSUPPORTED,
+                    "FlashInfer's dense FP8 GEMM takes per-tensor weight and activation scales only; per-channel FP8 "
+                    "runs on CUTLASS, where no bytes move; write --layout plain"),
+}
+MOE = cutlass_shapes.MOE  # the same kinds: FlashInfer's TRT-LLM fused MoE
+NO_MOE_KERNEL = "vLLM 0.33.0 has no flashinfer MoE kernel for {algo}"
 
 
 def dense_shape_problem(shape: tuple[int, int]) -> str | None:

@@ -9,7 +9,21 @@ from __future__ import annotations
 import math
 
 from ..algorithms import FP8_BLOCK, MX_BLOCK, NVFP4_GROUP
-from ..schemes.int4 import INT4_GROUP
+from ..schemes import SCHEMES
+from ..schemes.fp8 import Fp8Block, Fp8PerChannel, Fp8PerTensor
+from ..schemes.int4 import INT4_GROUP, Int4Group
+from ..schemes.int8 import Int8PerChannel
+from ..schemes.mxfp8 import Mxfp8
+from ..schemes.nvfp4 import Nvfp4
+from .support import INT4_MARLIN_ONLY, INT4_ZERO_POINTS, NVFP4_WEIGHT_ONLY, PACKS
+
+# scheme kind (layouts/support.py) -> what Marlin does: every dense kind is weight-only or has a W8A16 path
+# (INT8 = ModelOpt W8A16) but int4 with zero points; MoE stacks: MXFP8 only
+DENSE = {Fp8PerTensor: PACKS, Fp8PerChannel: PACKS, Fp8Block: PACKS, Nvfp4: PACKS, NVFP4_WEIGHT_ONLY: PACKS,
+         Int8PerChannel: PACKS, Mxfp8: PACKS, Int4Group: PACKS, INT4_ZERO_POINTS: INT4_MARLIN_ONLY}
+MOE = {Mxfp8: PACKS, Int4Group: INT4_MARLIN_ONLY, INT4_ZERO_POINTS: INT4_MARLIN_ONLY}
+NO_MOE_KERNEL = ("Marlin MoE expert stacks are pre-packed for MXFP8 only (dense Linears for the others); "
+                 "use --layout plain")
 
 SUFFIX = "_marlin"
 TILE_K, TILE_N = 16, 64
@@ -22,14 +36,14 @@ def act_name(act) -> str:
 
 
 def bits(algo: str) -> int:
-    """Bits per Marlin code: 4 for the NVFP4 family and INT4, 8 otherwise."""
-    return 4 if algo in ("NVFP4", "W4A16_NVFP4", "INT4") else 8
+    """Bits per Marlin code: the scheme's (``Scheme.bits``: 4 for the NVFP4 family and INT4, 8 otherwise)."""
+    return SCHEMES[algo].bits
 
 
 def group_size(algo: str) -> int:
-    """Marlin group along K: -1 (one scale per column), 128 (FP8 blocks, INT4), 16 (NVFP4) or 32 (MXFP8)."""
-    return {"FP8_PB_WO": FP8_BLOCK, "NVFP4": NVFP4_GROUP, "W4A16_NVFP4": NVFP4_GROUP, "MXFP8": MX_BLOCK,
-            "INT4": INT4_GROUP}.get(algo, -1)
+    """Marlin group along K: the scheme's ``k_group`` (128 FP8 blocks and INT4, 16 NVFP4, 32 MXFP8),
+    -1 where one scale spans K (one scale per column)."""
+    return SCHEMES[algo].k_group or -1
 
 
 def padded_nk(n: int, k: int, group: int = -1) -> tuple[int, int]:

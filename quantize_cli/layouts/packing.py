@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import layouts
+from ..schemes import SCHEMES
+from ..schemes.nvfp4 import Nvfp4
 from . import Layout
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ class Packing:
         from . import marlin
 
         sf = None
-        if self.layout is Layout.MARLIN and self.algo in ("NVFP4", "W4A16_NVFP4"):
+        if self.layout is Layout.MARLIN and isinstance(SCHEMES[self.algo], Nvfp4):  # NVFP4, W4A16_NVFP4
             sf = marlin.nvfp4_scale_factor([p["weight_scale"] for p in plain.values()], getattr(torch, self.act_dtype))
         return {m: layouts.pack(self.layout, self.algo, p, self.act_dtype, scale_factor=sf) for m, p in plain.items()}
 

@@ -138,12 +138,12 @@ def calibration_facts(plan) -> dict | None:
 
     # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
     # NVFP4 stores its inverse, input_global_scale): the same number whatever the format writes
-    static = {s.algo: static_input_scale(s.algo) for s in (plan.schemes.values() if plan.mixed else [plan.scheme])
-              if s.static_input_scale is not None}
+    schemes = list(plan.schemes.values() if plan.mixed else [plan.scheme])
+    static = {s.algo: static_input_scale(s.algo) for s in schemes if s.static_input_scale is not None}
     if not static:
         return None
     shown = next(iter(static.values())) if len(static) == 1 else " or ".join(f"{v:g} ({a})" for a, v in sorted(static.items()))
-    return {"calibrated": False, "input_scale": shown, "inverse_stored": plan.format.name == "compressed-tensors" and "NVFP4" in static,
+    return {"calibrated": False, "input_scale": shown, "inverse_stored": any(s.inverse_input_scale for s in schemes if s.static_input_scale is not None),
             "note": "the calibration-free constant ModelOpt writes (activation amax 448); no calibration data was given"}
 
 
@@ -166,11 +166,11 @@ def _split_source_card(text: str | None) -> tuple[dict, str]:
 def front_matter(facts: dict, source_meta: dict) -> dict:
     """The YAML front matter: Hub model-card metadata (base_model + base_model_relation: quantized)."""
     from ..algorithms import ALGORITHMS
+    from ..formats import format_named
 
     algos = list(facts["algos"])
     tags = ["quantized", facts["format"]] + sorted({ALGORITHMS[a].tag if a in ALGORITHMS else a.lower() for a in algos})
-    if facts["format"] == "modelopt":
-        tags.append("nvidia-modelopt")
+    tags += format_named(facts["format"]).hub_tags
     if facts.get("layout") not in (None, "plain"):
         tags.append(f"{facts['layout']}-layout")
     meta: dict = {}
@@ -217,6 +217,8 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     """The README.md text: front matter, our sections, then the source card's body (if any)."""
     from huggingface_hub import ModelCardData
 
+    from ..formats import format_named
+
     source_meta, source_body = _split_source_card(source_card)
     meta = ModelCardData(**front_matter(facts, source_meta)).to_yaml()
     where = repo or facts.get("where") or "path/to/this/checkpoint"
@@ -225,8 +227,8 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     title = facts.get("title") or f"{base or facts['source']} {'/'.join(algos)}"
     out = [f"---\n{meta}\n---", f"# {title}", ""]
     origin = f"[{base}](https://huggingface.co/{base})" if base else f"`{facts['source']}`"
-    how = ("the NVIDIA ModelOpt checkpoint format (`quant_method: modelopt`)" if facts["format"] == "modelopt"
-           else f"the {facts['format']} format (`quant_method: {facts['format']}`)")
+    fmt = format_named(facts["format"])
+    how = fmt.card_how()
     engines = facts.get("engines") or []
     served = f" It is served by {', '.join(engines)}." if engines else ""
     out += [f"A quantized version of {origin}, written by quantize {facts['tool']['version']} in {how}.{served}", ""]
@@ -235,9 +237,7 @@ def render_card(facts: dict, source_card: str | None = None, repo: str | None = 
     out += ["| | |", "|---|---|"]
     for algo, count in algos.items():
         out.append(f"| algorithm | `{algo}` on {count} Linear layer(s): {_describe(algo)} |")
-    out.append(f"| format | {facts['format']} (`quant_algo: {facts['quant_algo']}` in hf_quant_config.json and config.json) |"
-               if facts["format"] == "modelopt" else
-               f"| format | {facts['format']} (`quantization_config` in config.json) |")
+    out.append(f"| format | {facts['format']} ({fmt.card_where(facts['quant_algo'])}) |")
     out.append(f"| layout | {facts.get('layout') or 'plain'} |")
     kv_scaled = (facts.get("calibration") or {}).get("kv_scales")
     kv = ("FP8 with calibrated k/v scales" if kv_scaled else "FP8 (cast, no scales)") if facts.get("kv_cache_dtype") else "unquantized"

@@ -51,6 +51,28 @@ class Scheme:
     static_input_scale: float | None = None
     group_size: int | None = None
     row_align: int = 1
+    # the 0-d scale over the group scales (NVFP4's ``weight_scale_2``), which vLLM merges over a fused
+    # layer: its tensor name in the format, None where the scheme has no such second level
+    global_scale_key = None
+    # the static input scale is stored as its inverse (compressed-tensors NVFP4's input_global_scale)
+    inverse_input_scale = False
+    bits = 8  # bits per weight code (NVFP4's E2M1 and INT4: 4): what a kernel layout packs
+    # ModelOpt 0.47's exporter writes config_groups for a single-algorithm checkpoint of this scheme
+    modelopt_single_group = False
+
+    def modelopt_group(self, group_size: int | None) -> dict | None:
+        """ModelOpt's ``_quant_algo_to_group_config`` for this scheme (`group_size`: the one its
+        document names, None: the scheme's own); None where ModelOpt has no group details for it."""
+        return None
+
+    @property
+    def act_kind(self) -> str | None:
+        """How an engine quantizes this scheme's activations at serve time (``eval/activations.KINDS``),
+        None for 16-bit ones: the algorithm's (``Algorithm.act_kind``) unless the format's scheme
+        says otherwise (compressed-tensors' INT8 is W8A8)."""
+        from ..algorithms import ALGORITHMS
+
+        return ALGORITHMS[self.algo].act_kind
 
     @property
     def k_group(self) -> int | None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 BLOCK = FP8_BLOCK
+MODELOPT_FP8 = {"dynamic": False, "num_bits": 8, "type": "float"}  # ModelOpt's group config of 8-bit float codes
 
 
 def fp8_cast(x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +74,11 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int], amax: torch.Tensor 
 class Fp8PerTensor(Scheme):
     """``FP8``: one 0-d fp32 ``weight_scale``; static 0-d ``input_scale``."""
 
+    modelopt_single_group = True
+
+    def modelopt_group(self, group_size):
+        return {"input_activations": dict(MODELOPT_FP8), "weights": dict(MODELOPT_FP8)}
+
     def outputs(self, shape):
         out: dict[str, Spec] = {"weight": ("F8_E4M3", tuple(shape)), "weight_scale": ("F32", ())}
         out["input_scale"] = ("F32", ())
@@ -90,6 +96,9 @@ class Fp8PerTensor(Scheme):
 @dataclass(frozen=True)
 class Fp8PerChannel(Scheme):
     """``FP8_PER_CHANNEL_PER_TOKEN``: fp32 ``weight_scale [N]``, one per output row."""
+
+    def modelopt_group(self, group_size):
+        return {"input_activations": dict(MODELOPT_FP8), "weights": {**MODELOPT_FP8, "strategy": "channel"}}
 
     def outputs(self, shape):
         return {"weight": ("F8_E4M3", tuple(shape)), "weight_scale": ("F32", (shape[0],))}

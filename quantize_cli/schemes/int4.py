@@ -102,6 +102,8 @@ def int4_shape_problem(shape: tuple[int, ...], row_multiple: int, why_rows: str)
 class Int4Group(Scheme):
     """``INT4`` (ModelOpt ``W4A16_AWQ``): uint8 ``weight [N/2, K]`` and fp32 ``weight_scale [N, K/128]``."""
 
+    bits = 4
+
     def shape_problem(self, shape):
         return super().shape_problem(shape) or int4_shape_problem(shape, 2, "ModelOpt packs two rows per byte")
 

@@ -122,6 +122,12 @@ def mx_outputs(shape) -> dict[str, Spec]:
 class Mxfp8(Scheme):
     """``MXFP8``: e4m3 ``weight [N, K]`` and uint8 e8m0 ``weight_scale [N, K/32]``."""
 
+    def modelopt_group(self, group_size):
+        from .fp8 import MODELOPT_FP8
+
+        g = {**MODELOPT_FP8, "group_size": group_size or MX_BLOCK}
+        return {"input_activations": dict(g), "weights": dict(g)}
+
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, MX_BLOCK, "MXFP8 blocks")
 

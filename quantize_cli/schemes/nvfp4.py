@@ -52,6 +52,15 @@ def block_scales(w: torch.Tensor, wsf2: torch.Tensor) -> torch.Tensor:
 class Nvfp4(Scheme):
     """``NVFP4`` (static 0-d ``input_scale``) and ``W4A16_NVFP4`` (none): same weight tensors."""
 
+    global_scale_key = "weight_scale_2"
+    bits = 4
+    modelopt_single_group = True
+
+    def modelopt_group(self, group_size):
+        w = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": group_size or NVFP4_GROUP}
+        # W4A16_NVFP4 (no static input scale): weights only
+        return {"weights": w} if self.static_input_scale is None else {"input_activations": dict(w), "weights": dict(w)}
+
     def shape_problem(self, shape):
         return super().shape_problem(shape) or k_group_problem(shape, NVFP4_GROUP, "NVFP4 groups")
 

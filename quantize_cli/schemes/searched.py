@@ -46,6 +46,29 @@ class Searched(Scheme):
             raise AttributeError(name)
         return getattr(self.base, name)
 
+    @property
+    def act_kind(self):
+        return self.base.act_kind  # a property of Scheme: __getattr__ would not reach the base's own
+
+    @property
+    def global_scale_key(self):
+        return self.base.global_scale_key
+
+    @property
+    def inverse_input_scale(self):
+        return self.base.inverse_input_scale
+
+    @property
+    def bits(self):
+        return self.base.bits
+
+    @property
+    def modelopt_single_group(self):
+        return self.base.modelopt_single_group
+
+    def modelopt_group(self, group_size):
+        return self.base.modelopt_group(group_size)
+
     def shape_problem(self, shape):
         return self.base.shape_problem(shape)
 

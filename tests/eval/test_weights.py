@@ -113,7 +113,7 @@ def test_compressed_tensors_nvfp4_divides_by_the_largest_global_scale(tmp_path):
     from quantize_cli.formats.ct_config import quantization_config
 
     served = open_served(write(tmp_path / "c", t, ct=quantization_config("NVFP4", [])))
-    assert served.fmt == "compressed-tensors"
+    assert served.fmt == "compressed-tensors" and served.format.name == "compressed-tensors"
     assert served.weight(f"{ATTN}.q_proj")[0, 1] == 0.5 * 2.0 / 200.0  # vLLM: 1 / max(weight_global_scale)
     assert served.linears[f"{ATTN}.k_proj"].act.scale == 20.0  # vLLM: max(input_global_scale)
 
