@@ -66,14 +66,21 @@ def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: C
             raise ValueError(f"seed row {seed} is not allowed")
         chosen.append(dict(seed))
         covered |= set() if weak(seed) else pairs_of(seed, order)
-    coverable: set[Pair] = set()
+    # pairs as bits of an int: a row's pairs one mask, "covers how many still wanted" one AND and a bit count
+    bit = {p: 1 << i for i, p in enumerate(sorted(wanted, key=repr))}
+    mask = lambda ps: sum(bit[p] for p in ps)  # noqa: E731
+    done = mask(covered)
+    coverable_bits = 0
     for tier in ([r for r in rows if allowed(r) and not weak(r)], [r for r in rows if allowed(r) and weak(r)]):
-        cover = [pairs_of(r, order) for r in tier]
-        coverable |= set().union(*cover) if cover else set()
-        while coverable - covered:
-            best = max(range(len(tier)), key=lambda i: (len(cover[i] & (coverable - covered)), -i))
+        cover = [mask(pairs_of(r, order)) for r in tier]
+        for m in cover:
+            coverable_bits |= m
+        while coverable_bits & ~done:
+            need = coverable_bits & ~done
+            best = max(range(len(tier)), key=lambda i: ((cover[i] & need).bit_count(), -i))
             chosen.append(tier[best])
-            covered |= cover[best]
+            done |= cover[best]
+    coverable = {p for p in wanted if bit[p] & coverable_bits}
     refused: list[Row] = []
     for pair in sorted(wanted - coverable, key=lambda p: [order.index(p[0][0]), str(p[0][1]), order.index(p[1][0]), str(p[1][1])]):
         if any(pair in pairs_of(r, order) for r in refused):

@@ -1,14 +1,17 @@
 """Issue 23's feature-interaction matrix: a covering array (every pair of option values at least once;
-cells.py, pairwise.py) over executor, format, ``--algo-for``, calibration, layout, KV cache, scale
-search, lifecycle, ``--verify`` and ``--push-to-hub``, on ``example:tiny-llama`` in small shards.
+cells.py, pairwise.py) over executor (local, Ray, ``--device cpu,cpu``), format, ``--algo-for``,
+calibration (``--act-scales``, ``--calib-data``), layout, KV cache, scale search, lifecycle,
+``--verify`` and ``--push-to-hub``, on ``example:tiny-llama`` in small shards. The scenarios a
+single command line cannot show are in test_scenarios.py.
 
 Every cell runs the real command line (in-process, CliRunner) and either
 
 - is refused before the first byte: its exit code, one ``error:`` line naming both options, no DST,
   no work folder, nothing else touched; or
-- writes output whose files equal the reference's (local executor, fresh run, same options) byte for
-  byte, that passes ``verify --source`` (a packed layout: after ``quantize unpack``, equal to the
-  plain reference), whose config files, card and ``--report`` describe those bytes (algorithm per
+- writes output whose files equal the reference's byte for byte (the same bytes by another path:
+  the local executor on one device, a fresh run, the plain layout, the scales from the other source;
+  a packed layout is compared after ``quantize unpack``; cells.reference_options), that passes
+  ``verify --source``, whose config files, card and ``--report`` describe those bytes (algorithm per
   module, format, layout, calibrated or not and the scale values, KV scales, verified, pushed), and
   whose lifecycle held (interrupted: exit 130 and no DST, then ``--resume``; finished: ``--resume``
   says already complete, writes nothing and still runs verify / push / report).
@@ -70,8 +73,7 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     problems: list[str] = []
     status = _lifecycle(o["lifecycle"], args, follow, dst, tmp_path, problems)
     assert not problems, "\n".join(problems)  # a run that did not finish has nothing to describe
-    ref = references.get(cell.bytes_key())
-    _same_files(dst, ref, problems)
+    ref = references.of(cell)  # the same bytes by another path (cells.reference_options)
     out = Output.read(dst)
     fmt = o["format"]
     want = expected_algos(o["algo"], cells.MIXED[o["algo"]] if o["algo_for"] == "mixed" else None)
@@ -86,7 +88,7 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
         problems.append(f"card: verification section {section(out.card, 'Verification')[:80]!r} with --verify {o['verify']}")
     check_serve_lines(out.card, repo if o["push"] == "on" else dst, o["kv"] == "fp8", o["layout"], problems)
     check_report(json.load(open(report)), out, o, fmt, status, problems)
-    _verify_source(dst, o["layout"], references.get(cell.bytes_key(layout="plain")), tmp_path, problems)
+    _verify_source(dst, o["layout"], ref, tmp_path, problems)
     _published(hub, repo, dst, o["push"] == "on", problems)
     _finished_folder(dst, problems)
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
@@ -131,23 +133,23 @@ def _lifecycle(lifecycle: str, args: list, follow: list, dst: str, tmp_path, pro
 
 
 def _same_files(dst: str, ref: str, problems: list) -> None:
-    """Every file but the card (it names DST) and hidden bookkeeping equals the reference's, byte for byte."""
+    """Every file but the card (it names DST and its command) and hidden bookkeeping equals the reference's, byte for byte."""
     got, want = output_files(dst), output_files(ref)
     if got == want:
         return
     names = sorted(f for f in set(got) | set(want) if got.get(f) != want.get(f))
     a, b = load_all(dst), load_all(ref)
     tensors = sorted(n for n in set(a) | set(b) if n not in a or n not in b or not same_bytes(a[n], b[n]))
-    problems.append(f"bytes: {names} differ from the reference (local, fresh); tensors: {tensors[:6]}{' ...' if len(tensors) > 6 else ''}")
+    problems.append(f"bytes: {names} differ from the reference (another path); tensors: {tensors[:6]}{' ...' if len(tensors) > 6 else ''}")
 
 
-def _verify_source(dst: str, layout: str, plain_ref: str, tmp_path, problems: list) -> None:
-    """``quantize verify --source`` passes; a packed output is verified in its plain form (``unpack``), which equals the plain reference."""
+def _verify_source(dst: str, layout: str, ref: str, tmp_path, problems: list) -> None:
+    """DST (a packed one in its plain form, ``quantize unpack``) equals the reference and passes ``quantize verify --source``."""
     folder = dst
     if layout != "plain":
         folder = str(tmp_path / "unpacked")
         unpack(dst, folder, quiet=True)
-        _same_files(folder, plain_ref, problems)
+    _same_files(folder, ref, problems)
     try:
         res = verify(folder, source=example_path("tiny-llama"), quiet=True)
     except Exception as exc:  # noqa: BLE001 - CheckFailed: the findings are in the message
@@ -185,8 +187,18 @@ def test_the_matrix_covers_every_pair_and_the_references_straddle_shards(referen
 
     assert not uncovered(cells.FACTORS, [c.o for c in RUN + REFUSED])
     assert all(not c.refused for c in RUN) and all(len(c.refused) == 1 for c in REFUSED)
-    mixed = references.get(cells.Cell(tuple((k, {**cells.SEEDS[0]}[k]) for k in cells.FACTORS)).bytes_key())
+    mixed = references.of(cells.Cell(tuple((k, cells.SEEDS[0][k]) for k in cells.FACTORS)))
     assert straddling_groups(Output.read(mixed)), "no fused group straddles an output shard: lower cells.SHARD"
+
+
+def test_no_cell_is_compared_with_its_own_command():
+    """Every running cell's reference reaches the bytes by another path (executor, lifecycle, layout + unpack or
+    the scales' source); a row whose reference would be its own command is never a cell."""
+    same = [c.id for c in RUN if cells.path(c.reference.o) == cells.path(c.o)]
+    assert not same, f"compared with their own command: {same}"
+    plain = {**cells.BASE, "algo": "FP8"}  # the row that was its own reference before issue 35
+    assert cells.same_path(plain) and not cells.allowed(plain)
+    assert all(cells.allowed(c.o) for c in RUN)
 
 
 def test_every_known_defect_still_marks_a_cell_or_a_scenario():
