@@ -80,15 +80,16 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     amax, kv_amax = (scales[1], scales[2]) if cells.calibrated(o) else (None, None)
     if algos_in_bytes(out) != want:
         problems.append(f"bytes: per-module algorithms {sorted(set(algos_in_bytes(out).items()) ^ set(want.items()))[:4]} differ from the options'")
-    check_config(out, fmt, o["kv"] == "fp8", o["layout"], amax is not None, problems)
+    layout = cells.written_layout(o)  # an asked layout that does not pack the algorithm is written plain (a warning says so)
+    check_config(out, fmt, o["kv"] == "fp8", layout, amax is not None, problems)
     check_scales(out, fmt, want, amax, kv_amax, o["kv"] == "fp8", problems)
-    check_card(out, fmt, o["kv"] == "fp8", o["layout"], amax is not None, cell.byte_flags(scales[0]), problems)
+    check_card(out, fmt, o["kv"] == "fp8", layout, amax is not None, cell.byte_flags(scales[0]), problems)
     verified = section(out.card, "Verification").startswith("`quantize verify` passed")
     if o["lifecycle"] != "finished" and verified != (o["verify"] == "on"):  # finished: the card is the first run's
         problems.append(f"card: verification section {section(out.card, 'Verification')[:80]!r} with --verify {o['verify']}")
-    check_serve_lines(out.card, repo if o["push"] == "on" else dst, o["kv"] == "fp8", o["layout"], problems)
-    check_report(json.load(open(report)), out, o, fmt, status, problems)
-    _verify_source(dst, o["layout"], ref, tmp_path, problems)
+    check_serve_lines(out.card, repo if o["push"] == "on" else dst, o["kv"] == "fp8", layout, problems)
+    check_report(json.load(open(report)), out, o, fmt, status, problems)  # its options: as asked
+    _verify_source(dst, layout, ref, tmp_path, problems)
     _published(hub, repo, dst, o["push"] == "on", problems)
     _finished_folder(dst, problems)
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
@@ -208,5 +209,5 @@ def test_every_known_defect_still_marks_a_cell_or_a_scenario():
 
 def test_the_matrix_runs_in_minutes():
     """Guard on the matrix's size: a few minutes of CPU (each cell converts the tiny example a few times)."""
-    assert len(RUN) <= 24 and len(REFUSED) <= 8, (len(RUN), len(REFUSED))
+    assert len(RUN) <= 24 and len(REFUSED) <= 10, (len(RUN), len(REFUSED))  # a refused cell takes ~0.05 s
 
