@@ -1,6 +1,6 @@
 """Fixtures of the feature-interaction matrix: SCALES.json (made once with ``quantize calibrate``), a fake
-Hub, a local Ray instance (started only when a Ray cell runs), and the reference outputs (local
-executor, fresh run, same options), each made once per module and shared by the cells."""
+Hub, a local Ray instance (started only when a Ray cell runs), and the reference outputs (the same
+bytes by another path: cells.reference_options), each made once per module and shared by the cells."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tests.hostile.helpers import invoke
 
-from .cells import BASE, FACTORS, Cell
+from .cells import Cell, path
 from .support import fake_hub, local_ray
 
 
@@ -32,17 +32,18 @@ def ray_session():
 
 
 class References:
-    """Reference outputs by bytes key (format, algo, algo_for, calibration, layout, kv, scale search)."""
+    """Reference outputs (Cell.reference: the same bytes by another path), made once per bytes key."""
 
     def __init__(self, root, scales_path: str):
         self.root, self.scales, self.made = root, scales_path, {}
 
-    def get(self, key: tuple) -> str:
+    def of(self, cell: Cell) -> str:
+        ref = cell.reference
+        assert path(ref.o) != path(cell.o), f"{cell.id}: the reference is the cell's own path {path(cell.o)}"
+        key = ref.bytes_key()
         if key not in self.made:
-            names = ("format", "algo", "algo_for", "calibration", "layout", "kv", "scale_search")
-            cell = Cell(tuple((k, {**BASE, **dict(zip(names, key))}[k]) for k in FACTORS))
             dst = str(self.root / f"ref-{len(self.made)}")
-            r = invoke(*cell.args(dst, self.scales))
+            r = invoke(*ref.args(dst, self.scales))
             assert r.exit_code == 0, f"reference {key}: {r.stderr or r.output}"
             self.made[key] = dst
         return self.made[key]

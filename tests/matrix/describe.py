@@ -28,6 +28,7 @@ CONSTANT = {"FP8": 1.0, "NVFP4": 1.0 / 6.0}  # the calibration-free input scale 
 FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 CT = "compressed-tensors"
+PACKED_SUFFIXES = ("_marlin", "_cutlass", "_flashinfer")  # a packed layout's tensors: <name>_<layout>
 
 
 @dataclass
@@ -181,9 +182,9 @@ def check_config(out: Output, fmt: str, kv: bool, layout: str, calibrated: bool,
     record = ((out.hqc or {}).get("converter") or {}).get("calibration")  # what `verify` reads back: which scales are calibrated
     if (input_scales(out, fmt) or kv_scales(out)) and calibrated != bool(isinstance(record, dict) and record.get("calibrated")):
         problems.append(f"config: hf_quant_config.json records calibration {str(record)[:80]!r}, the run was {'' if calibrated else 'not '}calibrated")
-    packed = any(n.endswith("_marlin") for n in out.tensors)
-    if ((q.get("layout") or {}).get("name", "plain") != layout) or packed != (layout == "marlin"):
-        problems.append(f"config: layout {q.get('layout', {}).get('name', 'plain')!r}, Marlin tensors {packed}, asked --layout {layout}")
+    packed = sorted({n.rpartition("_")[2] for n in out.tensors if n.endswith(PACKED_SUFFIXES)})  # the layouts the bytes are in
+    if ((q.get("layout") or {}).get("name", "plain") != layout) or packed != ([layout] if layout != "plain" else []):
+        problems.append(f"config: layout {q.get('layout', {}).get('name', 'plain')!r}, packed tensors of {packed}, written layout {layout}")
 
 
 def check_scales(out: Output, fmt: str, want_algos: dict, amax: dict | None, kv_amax: dict | None, kv: bool, problems: list) -> None:

@@ -1,16 +1,14 @@
-"""Which matrix cells fail today, and why: one predicate per defect, over the cell's option values.
+"""Which matrix cells and scenarios fail today, and why: one predicate per defect, over the options.
 
-Each failing cell is a strict xfail (``raises=AssertionError``: a crash in the test itself still
-fails) naming every defect that touches it, so a cell turns into an XPASS error only once all of
-them are fixed; then its mark goes (delete the defect's entry here). Numbers are issue 23's list;
-``M1``-``M3`` are defects the matrix found (tests/test_interactions.py reproduces each alone):
+A cell's options are ``Cell.o`` (cells.FACTORS); a scenario's are ``scenarios.SCENARIOS`` (the same
+names where they mean the same, plus ``scenario``). Each failing one is a strict xfail
+(``raises=AssertionError``: a crash in the test itself still fails) naming every defect that touches
+it, so it turns into an XPASS error the moment the last fix lands; then the entry goes.
+``test_matrix.py`` fails on an entry that matches nothing (a stale entry hides nothing and lies).
 
-- M1: mixed precision without calibration: the card and the report take the activation-scale facts
-  from ``--algo`` alone ("None needed" or "every input_scale is 1" while NVFP4 layers hold 1/6).
-- M2: ``--verify --layout marlin`` converts the whole model, then fails (exit 1) because verify cannot
-  read a packed layout: neither refused before the first byte nor verified through ``unpack``.
-- M3: compressed-tensors NVFP4 without calibration: card and report say "every input_scale is 6"
-  (that is ``input_global_scale``; the input scale is 1/6).
+Labels: ``35.N`` is issue 35's item N. Issue 23's 1-9, issue 35's 2, 3, 5, 12 and
+the matrix's own M1-M3 (tests/test_interactions.py reproduces each) are fixed: a cell that fails on
+them now is a regression.
 """
 
 from __future__ import annotations
@@ -18,20 +16,29 @@ from __future__ import annotations
 import pytest
 
 
-# Every defect found so far (issue 23's 1-9, the matrix's M1-M3) is fixed: a cell that fails now is
-# a regression. A defect found later gets an entry here while it is being fixed.
+# Every defect found so far (issue 23's 1-9, the matrix's M1-M3, issue 35's 2, 3, 5, 12: fixed by
+# calibration/stage.py) is fixed: a cell or scenario that fails now is a regression. A defect found
+# later gets an entry here, ``"label": ("what fails", lambda o: <the options it touches>)``.
 _DEFECTS: dict = {}
 
 
 def defects_of(o: dict) -> list[str]:
-    """The defects (numbers / M-labels) that make cell options `o` fail today."""
+    """The defects (labels) that make options `o` fail today."""
     return [name for name, (_, applies) in _DEFECTS.items() if applies(o)]
 
 
-def marks_for(cell) -> list:
-    found = defects_of(cell.o)
+def unmatched(options: list[dict]) -> list[str]:
+    """The defect labels that none of `options` (every cell's and scenario's) triggers: stale entries."""
+    return [name for name in _DEFECTS if not any(name in defects_of(o) for o in options)]
+
+
+def marks_for_options(o: dict) -> list:
+    found = defects_of(o)
     if not found:
         return []
-    reason = "; ".join(f"issue 23 defect {n}: {_DEFECTS[n][0]}" if n[0].isdigit() else f"matrix defect {n}: {_DEFECTS[n][0]}"
-                       for n in found)
+    reason = "; ".join(f"issue {n.replace('.', ' item ')}: {_DEFECTS[n][0]}" for n in found)
     return [pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)]
+
+
+def marks_for(cell) -> list:
+    return marks_for_options(cell.o)

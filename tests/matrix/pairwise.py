@@ -6,8 +6,8 @@ instead of the thousands of rows of the full product. The method is the classic 
 
 1. ``seeds`` (rows the caller insists on: known hot spots) are taken first, as given.
 2. Among the *allowed* rows (``allowed(row)`` is true) that are not ``weak``, repeatedly take the one
-   that covers the most pairs not yet covered; ties go to the first row in product order, so the
-   result never changes between runs or machines. A weak row is allowed but stops early (its
+   that covers the most pairs not yet covered; ties go to the cheapest (``cost``), then to the first
+   row in product order, so the result never changes between runs or machines. A weak row is allowed but stops early (its
    first run fails before there is an output to check), so it cannot stand for its other pairs.
 3. Pairs that only weak rows can hold get weak rows, chosen the same way.
 4. Pairs that no allowed row can cover (the options refuse each other) are each covered by one
@@ -48,13 +48,15 @@ def product(factors: dict[str, tuple]) -> list[Row]:
 
 
 def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: Callable[[Row], list],
-          seeds: Iterable[Row] = (), weak: Callable[[Row], bool] = lambda row: False) -> tuple[list[Row], list[Row]]:
+          seeds: Iterable[Row] = (), weak: Callable[[Row], bool] = lambda row: False,
+          cost: Callable[[Row], float] = lambda row: 0) -> tuple[list[Row], list[Row]]:
     """``(rows that must run, rows that must be refused)``, together covering every pair of values.
 
     `allowed(row)`: the options of `row` go together (the run must write output).
     `refusals(row)`: the rules `row` breaks (empty when allowed); a refused row is picked with exactly one.
     `seeds`: full rows taken first (allowed ones only; a refused seed is an error in the caller).
     `weak(row)`: an allowed row that cannot stand for its other pairs (step 3 of the module docstring).
+    `cost(row)`: what running the row costs; among rows that cover as many new pairs, the cheapest wins.
     """
     order = list(factors)
     rows = product(factors)
@@ -66,14 +68,22 @@ def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: C
             raise ValueError(f"seed row {seed} is not allowed")
         chosen.append(dict(seed))
         covered |= set() if weak(seed) else pairs_of(seed, order)
-    coverable: set[Pair] = set()
+    # pairs as bits of an int: a row's pairs one mask, "covers how many still wanted" one AND and a bit count
+    bit = {p: 1 << i for i, p in enumerate(sorted(wanted, key=repr))}
+    mask = lambda ps: sum(bit[p] for p in ps)  # noqa: E731
+    done = mask(covered)
+    coverable_bits = 0
     for tier in ([r for r in rows if allowed(r) and not weak(r)], [r for r in rows if allowed(r) and weak(r)]):
-        cover = [pairs_of(r, order) for r in tier]
-        coverable |= set().union(*cover) if cover else set()
-        while coverable - covered:
-            best = max(range(len(tier)), key=lambda i: (len(cover[i] & (coverable - covered)), -i))
+        cover = [mask(pairs_of(r, order)) for r in tier]
+        price = [cost(r) for r in tier]
+        for m in cover:
+            coverable_bits |= m
+        while coverable_bits & ~done:
+            need = coverable_bits & ~done
+            best = max(range(len(tier)), key=lambda i: ((cover[i] & need).bit_count(), -price[i], -i))
             chosen.append(tier[best])
-            covered |= cover[best]
+            done |= cover[best]
+    coverable = {p for p in wanted if bit[p] & coverable_bits}
     refused: list[Row] = []
     for pair in sorted(wanted - coverable, key=lambda p: [order.index(p[0][0]), str(p[0][1]), order.index(p[1][0]), str(p[1][1])]):
         if any(pair in pairs_of(r, order) for r in refused):

@@ -15,12 +15,12 @@ def check_report(doc: dict, out: Output, o: dict, fmt: str, status: str, problem
         problems.append(f"report: status {doc.get('status')!r}, want {status!r}")
     opts = doc.get("options") or {}
     want = {"algo": o["algo"], "format": fmt, "layout": o["layout"], "kv_cache_dtype": "fp8" if o["kv"] == "fp8" else None,
-            "scale_search": o["scale_search"], "calibrated": o["calibration"] == "act-scales", "mixed": o["algo_for"] == "mixed",
+            "scale_search": o["scale_search"], "calibrated": o["calibration"] != "none", "mixed": o["algo_for"] == "mixed",
             "calibrated_effect": calibrated(o)}
     got = {"algo": opts.get("algo"), "format": opts.get("format", "modelopt"), "layout": opts.get("layout"),
            "kv_cache_dtype": opts.get("kv_cache_dtype"), "scale_search": opts.get("scale_search"),
            "calibrated": bool(opts.get("calibration")), "mixed": bool(opts.get("algo_for"))}
-    if o["calibration"] == "act-scales" and not want["calibrated_effect"]:
+    if o["calibration"] != "none" and not want["calibrated_effect"]:
         del got["calibrated"], want["calibrated"]  # ignored scales (a warning says so) may be recorded or not
     want.pop("calibrated_effect")
     if got != want:

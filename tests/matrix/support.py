@@ -78,3 +78,48 @@ def interrupted_after(n: int):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(resume.Journal, "append", append)
         yield count
+
+
+@contextlib.contextmanager
+def forward_calls():
+    """Count the calibration forwards (``quantize_cli.calibration.calibrate``: statistics, GPTQ and smoothing
+    all run inside it). Yields a one-item list. (Adapt here if the forward's entry point moves.)"""
+    from quantize_cli import calibration
+
+    real, count = calibration.calibrate, [0]
+
+    def calibrate(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration, "calibrate", calibrate)
+        yield count
+
+
+@contextlib.contextmanager
+def numerics_bumped():
+    """This process as the next byte-deciding version: ``quantize_cli.NUMERICS_VERSION`` + 1 and the converter
+    string derived from it (``CONVERTER``, bound at import where the identity and the GPTQ request read it)."""
+    import quantize_cli
+    from quantize_cli.output import identity
+
+    version = quantize_cli.NUMERICS_VERSION + 1
+    converter = f"{quantize_cli.__version__}+numerics.{version}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantize_cli, "NUMERICS_VERSION", version)
+        for module in (quantize_cli, identity):
+            mp.setattr(module, "CONVERTER", converter)
+        yield converter
+
+
+def side_files(root: str) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime_ns)}`` of every file in a GPTQ / smoothing side folder under `root` (``.DST.weights``
+    beside DST, or ``.weights`` inside the work folder): what a refused second run must not touch."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        if any(part.endswith(".weights") for part in os.path.relpath(folder, root).split(os.sep)):
+            for f in files:
+                st = os.stat(os.path.join(folder, f))
+                out[os.path.join(folder, f)] = (st.st_size, st.st_mtime_ns)
+    return out

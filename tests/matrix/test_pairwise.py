@@ -47,3 +47,11 @@ def test_weak_rows_do_not_stand_for_their_other_pairs():
     only_weak = {(("c", True), ("d", "q"))}
     assert pairwise.uncovered(FACTORS, strong) - only_weak == {(("a", 2), ("b", "x")), (("c", True), ("d", "r"))}
     assert sum(map(weak, ok)) == 1  # one weak row, for the one pair only weak rows hold
+
+
+def test_among_rows_that_cover_as_much_the_cheapest_is_taken():
+    price = lambda r: 1 if r["c"] else 0  # noqa: E731 - rows with c=True cost more
+    plain, _ = pairwise.build(FACTORS, lambda r: not _refusals(r), _refusals)
+    cheap, refused = pairwise.build(FACTORS, lambda r: not _refusals(r), _refusals, cost=price)
+    assert not pairwise.uncovered(FACTORS, cheap + refused)
+    assert sum(map(price, cheap)) < sum(map(price, plain))
