@@ -3,8 +3,8 @@
 One entry point, :func:`open_served`, reads a converted checkpoint (ModelOpt, incl.
 MIXED_PRECISION and the packed layouts, or compressed-tensors, incl. several config groups) and
 answers, per quantized Linear, *what vLLM 0.33 multiplies*: the dequantized fp32 weight and the
-activation rule (:mod:`.activations`). Every format-specific decision lives here (the formats will
-own them once each format is one object), notably how vLLM merges per-tensor scales over a fused
+activation rule (:mod:`.activations`). The format object gives the schemes (``Format.scheme``), each
+scheme its activation kind and global-scale tensor; what lives here is how vLLM merges per-tensor scales over a fused
 layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and over a MoE layer:
 
     ModelOpt / compressed-tensors FP8 (per tensor), dense fused layer and each expert's w1/w3:
