@@ -84,15 +84,24 @@ def _checked(opts) -> Refusal | None:
     problems (from the example's headers: a layout that takes one algorithm, ...)."""
     from quantize_cli.errors import QuantizeError
     from quantize_cli.plan.steps import check_options
-    from quantize_cli.run.options import check_run_options
 
     try:
         ok = check_options(opts)
-        check_run_options(opts, ok.format)
+        _run_problems(opts.executor, opts.device, opts.format)
         _plan_problems(opts.algo, opts.algo_for, opts.layout, opts.format, opts.kv_cache_dtype, opts.scale_search)
     except QuantizeError as exc:
         return Refusal(exc.exit_code, "\n".join([str(exc), *map(str, getattr(exc, "details", None) or [])]))
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _run_problems(executor, device, fmt) -> None:
+    """run/options.check_run_options reads the executor, the device and the format's reference-math rule."""
+    from quantize_cli.formats import format_named
+    from quantize_cli.plan.options import ConvertOptions
+    from quantize_cli.run.options import check_run_options
+
+    check_run_options(ConvertOptions(src=SRC, executor=executor, device=device, format=fmt), format_named(fmt))
 
 
 @functools.lru_cache(maxsize=None)
