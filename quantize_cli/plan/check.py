@@ -15,6 +15,7 @@ from ..algorithms import MIXED_PRECISION, is_expert_linear
 from ..modules.classify import LINEAR, ROUTER, Module
 from ..errors import display
 from ..modules.matching import match_reason, vllm_rewrite
+from .audience import model_kind
 from .build import Plan, natural_key
 from ..problems import ERROR, WARNING, Finding, FindingsResult
 
@@ -103,6 +104,7 @@ class CheckResult(FindingsResult):
             "quant_algo": MIXED_PRECISION if p.mixed else p.scheme.quant_algo,
             "recipe": p.recipe.name,
             "tp": self.tp,
+            "kind": model_kind(p.source.config),  # what eval gates it as: causal-lm or encoder
             "ok": not self.errors,
             "summary": {"errors": len(self.errors), "warnings": len(self.warnings),
                         "linears": sum(m.kind == LINEAR for m in p.modules.values()), "quantized": len(p.quantized)},
