@@ -198,3 +198,27 @@ def test_bert_intermediate_dense_is_column_parallel_and_its_output_denses_row_pa
              for n in ("intermediate.dense", "output.dense", "attention.output.dense", "attention.self.query")}
     assert style == {"intermediate.dense": "column", "output.dense": "row", "attention.output.dense": "row",
                      "attention.self.query": "column"}, style
+
+
+def test_convert_strict_allows_named_warnings_as_check_does(tmp_path):
+    """A CI author's `convert --strict` took no `--allow CODE` (check's does): a warning said while
+    planning (calibration's [calib-ignored]) and a plan's own ([int8-vllm]) are accepted by code."""
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    data = tmp_path / "ids.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3, 4]}\n')
+
+    def run(algo, *args):
+        return CliRunner().invoke(main, ["convert", "example:tiny-llama", "--algo", algo, "--dry-run", "--strict", *args])
+
+    calib = ("--format", "compressed-tensors", "--calib-data", str(data))
+    r = run("INT4", *calib)
+    assert r.exit_code == 1 and "[calib-ignored]" in r.output and "--allow CODE" in r.output, r.output
+    r = run("INT4", *calib, "--allow", "calib-ignored", "--allow", "bogus")
+    assert r.exit_code == 0 and "--allow bogus: no such warning here" in r.output, r.output
+    r = run("INT8")
+    assert r.exit_code == 1 and "[int8-vllm]" in r.output, r.output
+    assert run("INT8", "--allow", "[int8-vllm]").exit_code == 0
+    assert run("INT8", "--allow", "calib-ignored").exit_code == 1  # another code does not allow this one
