@@ -164,7 +164,11 @@ def raise_problems(plan: Plan, strict: bool = False, warned=(), allow=(), note=N
     except those whose code is in `allow` (``--allow CODE``; `note` hears of a code matching none)."""
     if plan.problems:
         n = len(plan.problems)
-        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:", details=plan.problems)
+        from .suggest import fix_line
+
+        fix = fix_line(plan.modules, plan.findings)
+        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:",
+                        details=plan.problems + ([fix] if fix else []))
     if strict:
         from .preflight import strict_refusal
 
