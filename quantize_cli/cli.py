@@ -168,6 +168,7 @@ def main():
 @click.option("--kernels", type=click.Choice(["auto", "triton", "torch"], case_sensitive=False), default="auto", show_default=True,
               help="auto: Triton on a GPU, the torch reference on the CPU; torch: the reference everywhere; triton: require Triton.")
 @click.option("--strict", is_flag=True, help="Warnings are errors: refuse (exit 1) before the first byte, as `check --strict`.")
+@click.option("--allow", multiple=True, metavar="CODE", help="With --strict: accept warnings with this code (e.g. calib-ignored), as `check --allow`. Repeatable.")
 @common
 def convert(src, dst, quiet, debug, **options):
     """Quantize checkpoint SRC (folder, Hub repo id or example:tiny-llama) into DST."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .problems import WARNING, Finding
+
 
 class Console:
     """Messages for humans on stderr: info (silenced by quiet), warnings (always)."""
@@ -11,14 +13,15 @@ class Console:
     def __init__(self, quiet: bool = False, stream=None):
         self.quiet = quiet
         self.stream = stream or sys.stderr
-        self.warned: list[str] = []  # every warning said, in order (convert --strict refuses on them)
+        self.warned: list[Finding] = []  # every warning said, in order (convert --strict refuses on them, --allow by code)
 
     def info(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=self.stream, flush=True)
 
-    def warn(self, msg: str) -> None:
-        self.warned.append(msg)
+    def warn(self, msg: str, code: str = "") -> None:
+        """`code`: the finding's stable id (problems.py), for ``convert --strict --allow CODE``."""
+        self.warned.append(Finding(WARNING, code, "", msg))
         print(f"warning: {msg}", file=self.stream, flush=True)
 
 

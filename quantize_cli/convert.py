@@ -108,9 +108,10 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     options = {**identity.report_options(), **_run_settings(opts, how)}
     timings = {"plan_s": time.perf_counter() - t0}
     try:
+        warned = getattr(con, "warned", ())  # said while planning (calibration), with their codes
         if opts.dry_run:
-            print_plan(plan, opts.strict)
-        raise_problems(plan, opts.strict, getattr(con, "warned", ()))
+            print_plan(plan, opts.strict, warned, opts.allow)  # its note once, below
+        raise_problems(plan, opts.strict, warned, opts.allow, con.info)
         resolution = None
         if not early and _copies_ahead(opts, finished):  # torch loads on a thread while the verbatim tensors are copied (_write)
             resolution = startup.resolve_ahead(how, opts, ok.format)

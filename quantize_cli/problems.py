@@ -13,6 +13,7 @@ EXPERT_LAYOUT = "expert-layout"  # a fused 3-D expert tensor whose layout is und
 EXCLUDE_MISREAD = "exclude-misread"  # vLLM would read the exclude / ignore list otherwise than planned
 LAYOUT_UNSUPPORTED = "layout-unsupported"  # no kernel layout to pre-pack this algorithm into
 LAYOUT_NO_BYTES_MOVE = "layout-no-bytes-move"  # the kernel reads the plain bytes: nothing to pre-pack
+CALIB_IGNORED = "calib-ignored"  # calibration asked for, but nothing it measures decides a byte
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,96 @@ def test_bert_intermediate_dense_is_column_parallel_and_its_output_denses_row_pa
              for n in ("intermediate.dense", "output.dense", "attention.output.dense", "attention.self.query")}
     assert style == {"intermediate.dense": "column", "output.dense": "row", "attention.output.dense": "row",
                      "attention.self.query": "column"}, style
+
+
+def test_convert_strict_allows_named_warnings_as_check_does(tmp_path):
+    """A CI author's `convert --strict` took no `--allow CODE` (check's does): a warning said while
+    planning (calibration's [calib-ignored]) and a plan's own ([int8-vllm]) are accepted by code."""
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    data = tmp_path / "ids.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3, 4]}\n')
+
+    def run(algo, *args):
+        return CliRunner().invoke(main, ["convert", "example:tiny-llama", "--algo", algo, "--dry-run", "--strict", *args])
+
+    calib = ("--format", "compressed-tensors", "--calib-data", str(data))
+    r = run("INT4", *calib)
+    assert r.exit_code == 1 and "[calib-ignored]" in r.output and "--allow CODE" in r.output, r.output
+    r = run("INT4", *calib, "--allow", "calib-ignored", "--allow", "bogus")
+    assert r.exit_code == 0 and "--allow bogus: no such warning here" in r.output, r.output
+    r = run("INT8")
+    assert r.exit_code == 1 and "[int8-vllm]" in r.output, r.output
+    assert run("INT8", "--allow", "[int8-vllm]").exit_code == 0
+    assert run("INT8", "--allow", "calib-ignored").exit_code == 1  # another code does not allow this one
+
+
+def _bert(root, pooler: bool) -> str:
+    """A BERT folder (hidden 384: at --tp 4 a row-parallel part has 96 in-features, which no INT4 group of 128 divides)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=3, num_attention_heads=12, vocab_size=64,
+                     max_position_embeddings=32)
+    BertModel(cfg, add_pooling_layer=pooler).save_pretrained(str(root))
+    return str(root)
+
+
+def _check_json(tmp_path, src, *args):
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    out = tmp_path / f"c{len(list(tmp_path.iterdir()))}.json"
+    r = CliRunner().invoke(main, ["check", src, "--json", str(out), *args])
+    return r, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("pooler, pattern", [(False, "encoder.layer.*.attention.output.dense"),
+                                             (True, r"re:(encoder\.layer\.\d+\.attention\.output\.|pooler\.dense$)")])
+def test_many_shape_errors_get_one_exclude_that_keeps_exactly_their_modules(tmp_path, pooler, pattern):
+    """Issue 36 item 7: every shape error said `--exclude <that module>`; one pattern now fixes them all,
+    and it is checked with the planner's matcher: given back, it leaves no error and keeps nothing else."""
+    src = _bert(tmp_path / "bert", pooler)
+    r, doc = _check_json(tmp_path, src, "--algo", "INT4", "--format", "compressed-tensors", "--tp", "4")
+    errors = [f for f in doc["findings"] if f["code"] == "shape"]
+    assert r.exit_code == 1 and len(errors) == 3 + pooler
+    assert doc["fix"] == {"exclude": [pattern], "modules": sorted(f["subject"] for f in errors), "errors": len(errors)}
+    assert f"fix: one --exclude '{pattern}' keeps exactly the {len(errors)} module(s)" in r.output, r.output
+    r, doc = _check_json(tmp_path, src, "--algo", "INT4", "--format", "compressed-tensors", "--tp", "4", "--exclude", pattern)
+    assert r.exit_code == 0 and doc["fix"] is None, r.output
+    assert sorted(m["module"] for m in doc["modules"] if not m["quantized"]) == sorted(f["subject"] for f in errors)
+
+
+def test_one_shape_error_keeps_its_own_fix_line():
+    from quantize_cli.plan.suggest import one_exclude
+    from quantize_cli.problems import ERROR, Finding
+
+    assert one_exclude({}, [Finding(ERROR, "shape", "a.b", "...")]) is None
+
+
+def test_recipe_pattern_lines_list_what_the_rule_keeps_not_vllm_substrings(tmp_path):
+    """Issue 36 item 7: on BERT the recipe's `output` rule was listed with 12 module(s) (vLLM's substring
+    rule over `attention.output.dense`) though it keeps none (the planner matches recipe rules with fnmatch)."""
+    src = _bert(tmp_path / "bert", True)
+    r, doc = _check_json(tmp_path, src, "--algo", "FP8_PB_WO", "--format", "compressed-tensors")
+    assert r.exit_code == 0 and doc["summary"]["quantized"] == doc["summary"]["linears"]
+    assert doc["patterns"] == [] and "patterns:" not in r.output, r.output
+    r, doc = _check_json(tmp_path, "example:tiny-llama", "--algo", "FP8_PB_WO")
+    assert [(p["pattern"], p["modules"], p["origin"]) for p in doc["patterns"]] == [("lm_head", ["lm_head"], "recipe llama")]
+
+
+def test_convert_says_the_one_exclude_too(tmp_path):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
+                         max_position_embeddings=32), add_pooling_layer=False).save_pretrained(str(tmp_path / "b"))
+    r = CliRunner().invoke(main, ["convert", str(tmp_path / "b"), "--algo", "INT4", "--dry-run"])
+    # in-features 96: every attention Linear and intermediate.dense (10 errors), not output.dense (in 256)
+    assert r.exit_code == 1 and "10 problem(s) found" in r.output, r.output
+    assert "fix: one --exclude 're:encoder\\.layer\\.\\d+\\.(attention\\.|intermediate\\.)' keeps exactly the 10 module(s)" in r.output

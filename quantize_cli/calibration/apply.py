@@ -126,7 +126,7 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
     `scheme_of(module)`: each quantized module's own scheme (mixed precision: not always --algo's):
     the modules whose scheme has a static input scale take calibrated ones, and the KV cache
     (``--kv-cache-dtype fp8``) its calibrated K/V scales whatever the algorithms."""
-    from ..problems import ERROR, WARNING, Finding
+    from ..problems import CALIB_IGNORED, ERROR, WARNING, Finding
 
     if doc is None:
         return None
@@ -140,7 +140,7 @@ def for_plan(doc: ScalesDoc | None, mods: dict, groups: dict, scheme_of, kv_cach
 
         if not decides_bytes(scheme_of(m.name) for m in mods.values() if m.quantize):  # else it weights the search (search_weights.py)
             algos = sorted({scheme_of(m.name).algo for m in mods.values() if m.quantize}) or ["--algo"]
-            findings.append(Finding(WARNING, "calib-ignored", algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
+            findings.append(Finding(WARNING, CALIB_IGNORED, algos[0], f"{'/'.join(algos)} quantizes activations dynamically "
                                     "(or not at all) and the KV cache is not FP8: the calibration data / --act-scales is ignored"))
         return None
     shared = {k: [m.name for m in v] for k, v in groups.items() if all(m.name in static for m in v)}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UsageError
+from ..problems import CALIB_IGNORED
 from . import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, calibrate, check_source, fingerprint, load
 from .document import ScalesDoc
 
@@ -115,8 +116,9 @@ def scales_for_convert(src: str, algos, calib_data, calib_samples, calib_seq_len
                          f"has --rounding nearest --smooth none; pass --rounding {method.get('rounding')} --smooth "
                          f"{method.get('smooth')} to convert, or make a scales file with `quantize calibrate` without them")
     if not decides_bytes([get_scheme(a) for a in algos], kv_cache, scale_search):
-        (warn or (lambda m: None))(f"{'/'.join(dict.fromkeys(algos))} quantizes activations dynamically (or not at all) and the "
-                                   f"KV cache is not FP8: {'--calib-data' if calib_data is not None else '--act-scales'} is ignored")
+        (warn or (lambda m, code: None))(f"{'/'.join(dict.fromkeys(algos))} quantizes activations dynamically (or not at all) "
+                                         f"and the KV cache is not FP8: {'--calib-data' if calib_data is not None else '--act-scales'} "
+                                         "is ignored", CALIB_IGNORED)
         return None
     if doc is not None:
         from ..checkpoint.source import open_source

@@ -17,6 +17,7 @@ import torch
 
 from ..calibration.model import Skeleton, _find_blocks, _prefix
 from ..errors import CalibrationError, SourceError
+from ..plan.audience import CAUSAL_LM, model_kind
 from .activations import NONE, ActRule, fp8_tensor, kv_fp8, quantize_activation
 
 IMPL = "quantize_eval"  # our attention / experts functions' registered name
@@ -51,7 +52,7 @@ def build(root: str, config: dict, tensors: dict, dtype: torch.dtype = torch.flo
                           f"({type(exc).__name__}); eval runs the model with transformers") from None
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config  # we apply the quantization ourselves, from the written tensors
-    causal = any(str(a).endswith("ForCausalLM") for a in (config.get("architectures") or []))
+    causal = model_kind(config) == CAUSAL_LM
     try:
         with torch.device("meta"):
             cls = AutoModelForCausalLM if causal else AutoModel

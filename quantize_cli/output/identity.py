@@ -120,7 +120,7 @@ IDENTITY: tuple[Decides, ...] = (
 # ConvertOptions fields that never change a byte of the output (tests/test_identity.py checks the split).
 NOT_IDENTITY = ("src", "dst", "device", "memory_budget", "resume", "dry_run", "overwrite", "report", "revision", "quiet",
                 "verify", "low_disk", "calib_data", "calib_samples", "calib_seq_len", "act_scales", "push_to_hub",
-                "private", "revision_out", "executor", "ray_address", "kernels", "strict", "eval", "base_model",
+                "private", "revision_out", "executor", "ray_address", "kernels", "strict", "allow", "eval", "base_model",
                 "max_ppl_increase", "max_kl", "min_top1", "min_cosine", "min_sample_cosine", "eval_data", "eval_samples", "eval_seq_len")
 _BY_KEY = {d.key: d for d in IDENTITY}
 

@@ -37,6 +37,17 @@ def encoder_kind(config: dict, sidecars: list[str]) -> str | None:
     return None
 
 
+CAUSAL_LM, ENCODER = "causal-lm", "encoder"
+
+
+def model_kind(config: dict) -> str:
+    """What `quantize eval` measures and gates the model as: CAUSAL_LM when config.json's
+    architectures name a ``...ForCausalLM`` (next-token perplexity, KL, top-1), else ENCODER (the
+    embedding cosine). ``check --json`` reports it as ``kind`` so a CI script picks its gates."""
+    archs = config.get("architectures") or []
+    return CAUSAL_LM if any(str(a).endswith("ForCausalLM") for a in archs) else ENCODER
+
+
 def modelopt_audience_finding(config: dict, sidecars: list[str], modelopt: bool) -> Finding | None:
     """The warning for an encoder / embedding model written in the ModelOpt format, else None."""
     kind = encoder_kind(config, sidecars) if modelopt else None
@@ -48,4 +59,4 @@ def modelopt_audience_finding(config: dict, sidecars: list[str], modelopt: bool)
                    "--format compressed-tensors (vLLM reads both formats)")
 
 
-__all__ = ["encoder_kind", "modelopt_audience_finding", "ENCODER_TYPES"]
+__all__ = ["encoder_kind", "model_kind", "modelopt_audience_finding", "ENCODER_TYPES", "CAUSAL_LM", "ENCODER"]

@@ -15,7 +15,9 @@ from ..algorithms import MIXED_PRECISION, is_expert_linear
 from ..modules.classify import LINEAR, ROUTER, Module
 from ..errors import display
 from ..modules.matching import match_reason, vllm_rewrite
+from .audience import model_kind
 from .build import Plan, natural_key
+from .suggest import fix_line, one_exclude
 from ..problems import ERROR, WARNING, Finding, FindingsResult
 
 
@@ -86,6 +88,25 @@ def analyse_pattern(pattern: str, origin: str, mods: dict[str, Module], groups: 
     return rep, findings
 
 
+def recipe_rule_report(rule, plan: Plan) -> PatternReport:
+    """A recipe exclude rule and the Linears it keeps. The planner matches recipe rules with fnmatch
+    on the module name (modules/recipe.py), not with vLLM's exclude_modules rules as a user's
+    --exclude is: analysing `output` with vLLM's substring rule listed BERT's `attention.output.dense`
+    layers, which the rule does not keep (what is written is the kept names, never the pattern)."""
+    rep = PatternReport(rule.pattern, f"recipe {plan.recipe.name}")
+    for mod in plan.modules.values():
+        if mod.kind == LINEAR and not mod.subtree and plan.recipe.excluded_by(mod.name) == rule:
+            rep.matches["exact" if mod.name == rule.pattern else "wildcard"].append(mod.name)
+    return rep
+
+
+def _fix_json(found) -> dict | None:
+    if found is None:
+        return None
+    pattern, kept, errors = found
+    return {"exclude": pattern, "modules": kept, "errors": errors}
+
+
 @dataclass
 class CheckResult(FindingsResult):
     plan: Plan
@@ -103,6 +124,7 @@ class CheckResult(FindingsResult):
             "quant_algo": MIXED_PRECISION if p.mixed else p.scheme.quant_algo,
             "recipe": p.recipe.name,
             "tp": self.tp,
+            "kind": model_kind(p.source.config),  # what eval gates it as: causal-lm or encoder
             "ok": not self.errors,
             "summary": {"errors": len(self.errors), "warnings": len(self.warnings),
                         "linears": sum(m.kind == LINEAR for m in p.modules.values()), "quantized": len(p.quantized)},
@@ -116,6 +138,7 @@ class CheckResult(FindingsResult):
             "patterns": [r.to_json() for r in self.patterns],
             "exclude_modules": p.exclude_modules,
             "findings": [f.to_json() for f in self.findings],
+            "fix": _fix_json(one_exclude(p.modules, self.findings)),  # one --exclude for many shape / layout errors
             "format": p.format.name,
             "vllm_schemes": p.format.vllm_decisions(p),  # compressed-tensors: what vLLM 0.33 picks per module
         }
@@ -137,6 +160,9 @@ class CheckResult(FindingsResult):
         lines.append(display(f"exclude_modules to write ({len(p.exclude_modules)}): {', '.join(p.exclude_modules) or '(none)'}"))
         for f in self.findings:  # names in messages come from strangers' files: one line each, no escape codes
             lines.append(f"{f.level.upper():<7}  [{f.code}] {display(f.message)}")
+        fix = fix_line(p.modules, self.findings)
+        if fix:
+            lines.append(display(fix))
         verdict = "FAIL" if self.errors else "OK"
         lines.append(f"result: {len(self.errors)} error(s), {len(self.warnings)} warning(s) -> {verdict}")
         return "\n".join(lines)
@@ -153,10 +179,10 @@ def run_check(plan: Plan, exclude, tp: int) -> CheckResult:
         rep, f = analyse_pattern(pat, "--exclude", plan.modules, groups)
         reports.append(rep)
         findings += f
-    for rule in plan.recipe.exclude:
-        rep, f = analyse_pattern(rule.pattern, f"recipe {plan.recipe.name}", plan.modules, groups)
-        reports.append(rep)
-        findings += f
+    for rule in plan.recipe.exclude:  # what the rule kept, as the planner matched it (fnmatch, first rule wins)
+        rep = recipe_rule_report(rule, plan)
+        if rep.modules:  # a default rule that keeps nothing here (BERT has no lm_head) is not worth a line
+            reports.append(rep)
     seen: set = set()  # one finding per message (the plan may already report the same offender)
     findings = [x for x in findings if not (x.message in seen or seen.add(x.message))]
     return CheckResult(plan, tp, reports, findings)

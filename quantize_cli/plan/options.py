@@ -48,6 +48,7 @@ class ConvertOptions:
     kernels: str = "auto"
     base_model: str | None = None
     strict: bool = False  # warnings known before the first byte are errors (plan/preflight.py)
+    allow: tuple[str, ...] = ()  # with strict: warning codes accepted (--allow int8-vllm), as check --allow
     eval: bool = False  # `quantize eval` of the finished work folder against SRC, before it becomes DST (eval/)
     max_ppl_increase: float | None = None  # --eval's gates (eval/report.py): the run fails and DST is not written
     max_kl: float | None = None

@@ -8,7 +8,8 @@ The order is the user's: the source, then the data, then the destination (steps.
 * :func:`check_source_path`: a local SRC that does not exist (or is a file), an unknown example;
 * :func:`check_calibration`: ``--calib-samples`` / ``--calib-seq-len`` below 1 (0 used to mean
   "the default"), a path-like ``--calib-data`` that does not exist (it was taken for a dataset id);
-* :func:`strict_refusal`: ``convert --strict``, every warning known before the first byte is an error.
+* :func:`strict_refusal`: ``convert --strict``, every warning known before the first byte is an error
+  unless ``--allow``'s codes name it (:func:`allowed_codes`, shared with ``check``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 
 from ..calibration.data import looks_like_a_file
 from ..errors import CalibrationError, PlanError, UsageError
+from ..problems import Finding
 
 def check_source_path(src: str) -> None:
     """Refuse a SRC that is neither an existing folder, an example name nor a Hub repo id.
@@ -57,11 +59,25 @@ def check_calibration(calib_data: str | None, calib_samples: int | None, calib_s
         raise UsageError("--calib-data and --act-scales: give one (calibrate now, or reuse a scales file)")
 
 
-def strict_refusal(warnings: list[str], what: str) -> None:
-    """``--strict``: refuse when there is any warning, before the first byte is read or written."""
-    if warnings:
-        raise PlanError(f"--strict: {len(warnings)} warning(s) before converting {what}; nothing was written "
-                        "(fix them, or drop --strict to convert anyway):", details=list(warnings))
+def allowed_codes(allow, warnings: list[Finding], note=None) -> set[str]:
+    """``--allow CODE`` (repeatable; ``[code]`` as printed is taken too) -> the codes; `note` is told
+    of any that matches no warning here (a typo, or a warning that went away)."""
+    allowed = {str(a).strip().strip("[]").lower() for a in allow}
+    unused = sorted(allowed - {f.code for f in warnings})
+    if unused and note is not None:
+        note(f"note: --allow {', '.join(unused)}: no such warning here")
+    return allowed
 
 
-__all__ = ["check_source_path", "check_calibration", "strict_refusal"]
+def strict_refusal(warnings: list[Finding], what: str, allow=(), note=None) -> None:
+    """``convert --strict``: refuse when there is any warning whose code is not in `allow`, before the
+    first byte is read or written (``check --strict --allow`` decides the same way)."""
+    allowed = allowed_codes(allow, warnings, note)
+    refused = [f for f in warnings if not f.code or f.code not in allowed]  # a warning without a code cannot be allowed
+    if refused:
+        raise PlanError(f"--strict: {len(refused)} warning(s) before converting {what}; nothing was written "
+                        "(fix them, accept one with --allow CODE, or drop --strict to convert anyway):",
+                        details=[f"[{f.code}] {f.message}" if f.code else f.message for f in refused])
+
+
+__all__ = ["check_source_path", "check_calibration", "allowed_codes", "strict_refusal"]

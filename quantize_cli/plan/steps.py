@@ -30,6 +30,7 @@ from .build import Plan, build_plan, parse_size
 from .mixed import parse_algo_for
 from .options import Checked, ConvertOptions
 from .output_paths import check_json_output
+from ..problems import WARNING
 
 
 def _scheme_of(algo: str, fmt, scale_search: str, algo_for=()):
@@ -146,10 +147,9 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     print(result.to_text(), flush=True)
     if json:
         write_json(json, result.to_json())
-    allowed = {str(a).strip().strip("[]").lower() for a in allow}
-    unused = sorted(allowed - {f.code for f in result.warnings})
-    if unused and not quiet:
-        print(f"note: --allow {', '.join(unused)}: no such warning here", flush=True)
+    from .preflight import allowed_codes
+
+    allowed = allowed_codes(allow, result.warnings, None if quiet else lambda m: print(m, flush=True))
     refused = [f for f in result.warnings if f.code not in allowed]
     bad = result.errors or (strict and refused)
     if bad:
@@ -158,16 +158,21 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     return result
 
 
-def raise_problems(plan: Plan, strict: bool = False, warned=()) -> None:
+def raise_problems(plan: Plan, strict: bool = False, warned=(), allow=(), note=None) -> None:
     """Refuse a plan with problems: all of them at once, before any tensor is read; with `strict`
-    (``--strict``) one with warnings too (the plan's and `warned`, said while planning)."""
+    (``--strict``) one with warnings too (the plan's and `warned`, the findings said while planning),
+    except those whose code is in `allow` (``--allow CODE``; `note` hears of a code matching none)."""
     if plan.problems:
         n = len(plan.problems)
-        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:", details=plan.problems)
+        from .suggest import fix_line
+
+        fix = fix_line(plan.modules, plan.findings)
+        raise PlanError(f"{n} problem(s) found before converting {plan.source.label}; nothing was written:",
+                        details=plan.problems + ([fix] if fix else []))
     if strict:
         from .preflight import strict_refusal
 
-        strict_refusal(list(warned) + plan.warnings, plan.source.label)
+        strict_refusal(list(warned) + [f for f in plan.findings if f.level == WARNING], plan.source.label, allow, note)
 
 
 def check_options(opts: ConvertOptions) -> Checked:
@@ -245,11 +250,11 @@ def _prepare(opts: ConvertOptions, ok: Checked, doc=None, weights=None) -> Plan:
                    algo_for=opts.algo_for, weights=weights)
 
 
-def print_plan(plan: Plan, strict: bool = False) -> None:
+def print_plan(plan: Plan, strict: bool = False, warned=(), allow=(), note=None) -> None:
     """--dry-run: the plan, one line per module, then refuse its problems (all at once) and, with
-    ``--strict``, its warnings (as ``check --strict``)."""
+    ``--strict``, its warnings but `allow`'s (as ``check --strict --allow``)."""
     print(plan.to_text(), flush=True)
-    raise_problems(plan, strict)
+    raise_problems(plan, strict, warned, allow, note)
 
 
 def _scales(src, algos, calib_data, calib_samples, calib_seq_len, act_scales, dev, budget, revision, quiet, low_disk, recipe, con,
