@@ -199,9 +199,7 @@ def _check_shapes(dst_source, src, layout: str | None, served=None) -> None:
         shape = tuple(info.shape)
         spec = served.linears.get(info.module) if served is not None and not plain and info.leaf == "weight" else None
         if spec is not None and layout in (None, "plain"):
-            from .weights import _scheme
-
-            shape = tuple(_scheme(served.fmt, spec.algo).logical_shape(shape))
+            shape = tuple(served.format.scheme(spec.algo).logical_shape(shape))
         if (shape != tuple(other.shape)) if plain else shape[0] != other.shape[0]:
             raise SourceError(f"--source {src.label}: {name} has shape {list(other.shape)}, DST's is {list(info.shape)}; "
                               "give the checkpoint DST was converted from")
