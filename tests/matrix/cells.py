@@ -49,8 +49,10 @@ def written_layout(o: dict) -> str:
 
 def cost(o: dict) -> float:
     """Rough seconds a cell takes on a 2-core CPU (pairwise.build takes the cheapest of rows that cover as much)."""
-    return (8 * (o["executor"] == "ray") + 6 * (o["scale_search"] == "mse") + (o["lifecycle"] != "fresh")
-            + (o["calibration"] == "calib-data") + (o["verify"] == "on"))
+    mse = o["scale_search"] == "mse"  # the search dominates: NVFP4's weighted by activations, or in Ray's workers, most
+    return (8 * (o["executor"] == "ray") + mse * (6 + 20 * (o["algo"] == "NVFP4" and o["calibration"] != "none")
+                                                  + 10 * (o["executor"] == "ray") + 3 * (o["lifecycle"] != "fresh"))
+            + (o["lifecycle"] != "fresh") + (o["calibration"] == "calib-data") + (o["verify"] == "on"))
 
 
 @dataclass(frozen=True)

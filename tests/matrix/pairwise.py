@@ -6,8 +6,9 @@ instead of the thousands of rows of the full product. The method is the classic 
 
 1. ``seeds`` (rows the caller insists on: known hot spots) are taken first, as given.
 2. Among the *allowed* rows (``allowed(row)`` is true) that are not ``weak``, repeatedly take the one
-   that covers the most pairs not yet covered; ties go to the cheapest (``cost``), then to the first
-   row in product order, so the result never changes between runs or machines. A weak row is allowed but stops early (its
+   that covers the most pairs not yet covered per cost (new pairs / (1 + cost / COST_SCALE); with no
+   ``cost``, simply the most pairs); ties go to the cheapest, then to the first row in product order,
+   so the result never changes between runs or machines. A weak row is allowed but stops early (its
    first run fails before there is an output to check), so it cannot stand for its other pairs.
 3. Pairs that only weak rows can hold get weak rows, chosen the same way.
 4. Pairs that no allowed row can cover (the options refuse each other) are each covered by one
@@ -23,6 +24,7 @@ import itertools
 from typing import Callable, Iterable
 
 Row = dict
+COST_SCALE = 20  # a row costing this much must cover twice the new pairs of a free one to be taken first
 Pair = tuple  # ((factor_a, value_a), (factor_b, value_b)) with factor_a before factor_b
 
 
@@ -56,7 +58,7 @@ def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: C
     `refusals(row)`: the rules `row` breaks (empty when allowed); a refused row is picked with exactly one.
     `seeds`: full rows taken first (allowed ones only; a refused seed is an error in the caller).
     `weak(row)`: an allowed row that cannot stand for its other pairs (step 3 of the module docstring).
-    `cost(row)`: what running the row costs; among rows that cover as many new pairs, the cheapest wins.
+    `cost(row)`: what running the row costs (seconds, roughly); new pairs are weighed against it (COST_SCALE).
     """
     order = list(factors)
     rows = product(factors)
@@ -80,7 +82,7 @@ def build(factors: dict[str, tuple], allowed: Callable[[Row], bool], refusals: C
             coverable_bits |= m
         while coverable_bits & ~done:
             need = coverable_bits & ~done
-            best = max(range(len(tier)), key=lambda i: ((cover[i] & need).bit_count(), -price[i], -i))
+            best = max(range(len(tier)), key=lambda i: ((cover[i] & need).bit_count() / (1 + price[i] / COST_SCALE), -price[i], -i))
             chosen.append(tier[best])
             done |= cover[best]
     coverable = {p for p in wanted if bit[p] & coverable_bits}

@@ -41,6 +41,8 @@ from .scenarios import SCENARIOS
 from .reports import check_report
 
 RUN, REFUSED = cells.build()
+FLAGS = {"format": "--format", "algo": "--algo", "algo_for": "--algo-for", "layout": "--layout", "scale_search": "--scale-search",
+         "kv": "--kv-cache-dtype", "executor": "--executor", "calibration": "--act-scales"}  # a row's non-baseline value -> its flag
 SEAL = ".quantize-checksums"  # every finished output records how it was made and its CRCs (output/workfolder.py)
 
 
@@ -50,7 +52,9 @@ def _param(cell):
 
 @pytest.mark.parametrize("cell", [pytest.param(c, id=c.id) for c in REFUSED])
 def test_refused_before_the_first_byte(cell, tmp_path, scales, hub):
-    (rule,) = cell.refused
+    (rule,) = cell.refused  # what the converter's own checks say (cells.refusals)
+    named = [f for k, f in FLAGS.items() if cell.o[k] != cells.BASE[k] and re.search(re.escape(f) + r"(?![\w-])", rule.message)]
+    assert len(named) >= 2, f"the refusal names {named}, not both options that refuse each other: {rule.message}"
     before = tree_state(tmp_path)
     repo = _repo(cell)
     r = invoke(*cell.args(str(tmp_path / "out"), scales[0]), "--report", str(tmp_path / "report.json"), *_follow_ups(cell.o, repo))
