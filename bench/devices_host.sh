@@ -20,12 +20,14 @@ s=$(t python3 bench/devices_host_input.py "$IN_DIR" "$LAYERS")
 in_bytes=$(du -sb "$IN_DIR" | cut -f1)
 echo "input $IN_DIR: $LAYERS layers, $((in_bytes / 1000000000)) GB, made in $s s; $(nproc) cores, $(nvidia-smi -L 2>/dev/null | wc -l) GPUs"
 mkdir -p "$DISK"
+have=$(nvidia-smi -L 2>/dev/null | wc -l)  # a count in GPUS above it is skipped (cuda:N would not exist)
 for algo in $ALGOS; do
   for place in $PLACES; do
     [ "$place" = shm ] && root=/dev/shm/qout || root=$DISK
     mkdir -p "$root"; ref=
     for n in $GPUS; do
       [ $SECONDS -gt $DEADLINE ] && { echo "deadline: skipping $algo $place $n"; continue; }
+      [ "${KIND:-cuda}" = cuda ] && [ "$n" -gt "$have" ] && { echo "GPUS=$n: this machine has $have GPU(s); skipped"; continue; }
       dev=$(python3 -c "print(','.join('${KIND:-cuda}' + (':%d' % i if '${KIND:-cuda}' == 'cuda' else '') for i in range($n)))")
       dst=$root/out-$algo-$n; rm -rf "$dst"
       s=$(t sh -c "python3 -c '$WRAP' $OUT/rss-$algo-$place-$n python3 -m quantize_cli convert $IN_DIR -o $dst --algo $algo --device $dev --max-shard-size 5GB --memory-budget $BUDGET --quiet --report $OUT/r-$algo-$place-$n.json > $OUT/log-$algo-$place-$n.txt 2>&1; echo rc=\$? >> $OUT/log-$algo-$place-$n.txt; sync")
