@@ -22,11 +22,13 @@ s=$(t python3 bench/devices_host_input.py "$IN_DIR" "$LAYERS")
 in_bytes=$(du -sb "$IN_DIR" | cut -f1)
 echo "input $IN_DIR: $LAYERS layers, $((in_bytes / 1000000000)) GB, made in $s s; $(nproc) cores, $(nvidia-smi -L 2>/dev/null | wc -l) GPUs"
 mkdir -p "$DISK"
+have=$(nvidia-smi -L 2>/dev/null | wc -l)  # a count in GPUS above it is skipped (cuda:N would not exist)
 for algo in $ALGOS; do
   for place in $PLACES; do
     [ "$place" = shm ] && root=/dev/shm/qout || root=$DISK
     mkdir -p "$root"; ref=
     for n in $GPUS; do
+     [ "${KIND:-cuda}" = cuda ] && [ "$n" -gt "$have" ] && { echo "GPUS=$n: this machine has $have GPU(s); skipped"; continue; }
      for tree in $TREES; do
       [ $SECONDS -gt $DEADLINE ] && { echo "deadline: skipping $algo $place $n $tree"; continue; }
       dev=$(python3 -c "print(','.join('${KIND:-cuda}' + (':%d' % i if '${KIND:-cuda}' == 'cuda' else '') for i in range($n)))")

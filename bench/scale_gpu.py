@@ -1,4 +1,4 @@
-"""Scale-out on one multi-GPU machine, in one call: Ray with 1 GPU vs local, 1 vs 2 GPUs, DST in memory and on disk.
+"""Scale-out on one multi-GPU machine, in one call: Ray with 1 GPU vs local, 1 vs N GPUs, DST in memory and on disk.
 
 Whole commands, as a user types them (``python -m quantize_cli convert ...``, start-up included),
 on bench/e2e.py's Llama-8B-shaped inputs (``big``: 16 layers, vocab 128256, 9.08 GB; ``small``: 2
@@ -8,8 +8,10 @@ input is read once first). For each algorithm (``--algos ALGO:SHARD,...``):
 - ``small`` and ``big``, DST on disk: ``local`` (``--device cuda:0``) and ``ray-1`` (``--executor
   ray --device cuda`` with ``CUDA_VISIBLE_DEVICES=0``: the local Ray instance it starts has one GPU);
 - ``big``, DST on disk and DST in ``/dev/shm`` (the disk out of the way, to show the executors'
-  own scaling): ``local``, ``ray-1``, ``ray-2`` (both GPUs) and ``local-2`` (``--device
-  cuda:0,cuda:1``: one pipeline per GPU in one process);
+  own scaling): ``local``, ``ray-1``, and for each N of ``--gpus`` above 1 (default: every GPU)
+  ``ray-N`` (``CUDA_VISIBLE_DEVICES=0..N-1``: Ray's instance has N GPUs) and ``local-N``
+  (``--device cuda:0,...,cuda:N-1``: one pipeline per GPU in one process); an N above the
+  machine's GPU count is skipped with a note;
 - ``big``, DST on disk: ``ray-1 joined``: the command joins a Ray head with one GPU started
   beforehand (``--ray-address``, as with a running cluster), so Ray's own start is not in its time.
 
@@ -23,6 +25,7 @@ default two algorithms (the inputs are made first: about a minute).
 
     python bench/scale_gpu.py --workdir /root/quantize-scale --json /root/scale.json
     python bench/scale_gpu.py --algos FP8_PB_WO:1GB --skip small        # quicker
+    python bench/scale_gpu.py --gpus 1 2 4 8                             # 1, 2, 4 and 8 GPUs
     python bench/scale_gpu.py --cpu --inputs big=1x4000,small=1x1000 --algos FP8_PB_WO:20MB   # a smoke test without GPU
 """
 
@@ -177,12 +180,13 @@ def _line(r: dict) -> str:
             f"| {r['convert_s']} | {ray} | {r.get('warm_s') or '-'} | {r['rss_gb']} | {r['identical']} |")
 
 
-def main() -> None:
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/root/quantize-scale", help="the inputs and the on-disk outputs (the machine's disk)")
     ap.add_argument("--shm", default="/dev/shm/quantize-scale", help="where in-memory outputs go")
     ap.add_argument("--algos", default="FP8_PB_WO:1GB,NVFP4:2GB", help="ALGO:MAX_SHARD_SIZE, comma-separated")
-    ap.add_argument("--skip", default="", help="comma-separated: small, disk, shm, local-2, ray-2, joined")
+    ap.add_argument("--skip", default="", help="comma-separated: small, disk, shm, joined, or a run's name (local-4, ray-2)")
+    ap.add_argument("--gpus", type=int, nargs="+", help="GPU counts to run (default: 1 and every GPU); 1 is local / ray-1")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
     ap.add_argument("--inputs", default="big=16x128256,small=2x32000", help="NAME=LAYERSxVOCAB of bench/e2e.py's checkpoint")
     ap.add_argument("--cpu", action="store_true", help="CPU stand-ins (cpu, cpu,cpu, Ray --device cpu): to try the script")
@@ -190,14 +194,40 @@ def main() -> None:
                     help="seconds for the whole call: no run starts after it, a run is cut at it (the device tool stops a call at 600 s)")
     ap.add_argument("--min-run-s", type=float, default=25, help="a run starts only with at least this many seconds left")
     ap.add_argument("--json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.gpus is not None and any(n < 1 for n in a.gpus):
+        ap.error(f"--gpus {' '.join(map(str, a.gpus))}: GPU counts are positive")
+    return a
+
+
+def multi_runs(wanted: list[int] | None, available: int, cpu: bool, skip=()) -> list[tuple[str, list[str], dict | None]]:
+    """The runs on N > 1 devices, named by their real N: (name, convert's device options, env or None).
+    `wanted`: --gpus (None: every GPU); counts above `available` are said and skipped."""
+    runs = []
+    for n in sorted(set(wanted if wanted is not None else [available])):
+        if n < 2:
+            continue
+        if n > available:
+            print(f"--gpus {n}: this machine has {available}; skipped", flush=True)
+            continue
+        devs = ",".join(["cpu"] * n) if cpu else ",".join(f"cuda:{i}" for i in range(n))
+        visible = None if cpu else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(n)))}
+        if f"ray-{n}" not in skip:
+            runs.append((f"ray-{n}", ["--executor", "ray", "--device", "cpu" if cpu else "cuda"], visible))
+        if f"local-{n}" not in skip:
+            runs.append((f"local-{n}", ["--device", devs], None))
+    return runs
+
+
+def main(argv=None) -> None:
+    a = parse(argv)
     skip = set(filter(None, a.skip.split(",")))
 
     import torch
 
     from e2e import make_checkpoint
 
-    gpus = 2 if a.cpu else torch.cuda.device_count()
+    gpus = (max(a.gpus or [2])) if a.cpu else torch.cuda.device_count()
     inputs = {k: tuple(map(int, v.split("x"))) for k, v in (i.split("=") for i in a.inputs.split(","))}
     srcs = {}
     for size, (layers, vocab) in inputs.items():
@@ -230,9 +260,10 @@ def main() -> None:
     head, address = (None, None) if "joined" in skip else ray_head(a, b.env)
     print(HEADER, flush=True)
     if a.cpu:  # Ray's local instance with one worker (4 CPUs), or as many as the CPUs give
-        dev1, dev2, ray_dev, one = "cpu", "cpu,cpu", "cpu", {"QUANTIZE_BENCH_NOTE": "cpu"}
+        dev1, ray_dev, one = "cpu", "cpu", {"QUANTIZE_BENCH_NOTE": "cpu"}
     else:
-        dev1, dev2, ray_dev, one = "cuda:0", "cuda:0,cuda:1", "cuda", {"CUDA_VISIBLE_DEVICES": "0"}
+        dev1, ray_dev, one = "cuda:0", "cuda", {"CUDA_VISIBLE_DEVICES": "0"}
+    multi = multi_runs(a.gpus, gpus, a.cpu, skip)
     for spec in a.algos.split(","):
         algo, shard = spec.split(":")
         if "small" in srcs:
@@ -243,10 +274,8 @@ def main() -> None:
                 continue
             b.run("local", "big", srcs["big"], algo, shard, where, ["--device", dev1])
             b.run("ray-1", "big", srcs["big"], algo, shard, where, ["--executor", "ray", "--device", ray_dev], one)
-            if gpus >= 2 and "ray-2" not in skip:
-                b.run("ray-2", "big", srcs["big"], algo, shard, where, ["--executor", "ray", "--device", ray_dev])
-            if gpus >= 2 and "local-2" not in skip:
-                b.run("local-2", "big", srcs["big"], algo, shard, where, ["--device", dev2])
+            for name, options, env in multi:
+                b.run(name, "big", srcs["big"], algo, shard, where, options, env)
             if where == "disk" and address:
                 b.run("ray-1 joined", "big", srcs["big"], algo, shard, where,
                       ["--executor", "ray", "--device", ray_dev, "--ray-address", address])

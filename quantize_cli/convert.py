@@ -126,9 +126,16 @@ def _convert(opts: ConvertOptions, console: Console | None) -> ConvertResult:
     if not early and resolution is None:
         startup.warm(how)  # the CUDA context and the kernels of each device, beside the work folder's start
     if finished:
-        path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
-        verified = _verify(path, opts, ok, plan, con) if opts.verify else None
-        evaluated = _eval(path, _eval_source(opts, ok), opts, how, con) if opts.eval else None
+        try:
+            path = WorkFolder.confirm_finished(opts.dst, identity, plan, con.info)
+            verified = _verify(path, opts, ok, plan, con) if opts.verify else None
+            evaluated = _eval(path, _eval_source(opts, ok), opts, how, con) if opts.eval else None
+        except QuantizeError as exc:  # --report is written on failure too, after a retry as after a first run
+            doc = run_report(plan, options, None, timings, None, status="error", error=exc.message)
+            if getattr(exc, "eval", None) is not None:  # a failed --eval gate: its result, as on success
+                doc["eval"] = exc.eval
+            report.write_failure(doc, con.warn)
+            raise
         doc = run_report(plan, options, None, timings, path, status="already-complete")
         return ConvertResult(plan, path, _follow_ups(opts, plan, doc, verified, report, con, evaluated))
     for w in plan.warnings:

@@ -78,3 +78,70 @@ def test_bench_imports_from_sibling_scripts_exist(script):
             defined = _top_level_names(os.path.join(BENCH, f"{node.module}.py"))
             bad += [f"{script}:{node.lineno} {node.module}.{a.name}" for a in node.names if a.name not in defined]
     assert not bad, f"imported from a bench script that does not define it: {bad}"
+
+
+def _bench_module(name: str):
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, BENCH)  # bench scripts import their siblings (proc.py)
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_scale_gpu_runs_any_gpu_count_named_by_its_real_n(capsys):
+    """Issue 34's leftover: scale_gpu.py ran 1 and 2 GPUs only and called its all-GPU Ray run "ray-2"."""
+    sg = _bench_module("scale_gpu")
+    assert sg.parse(["--gpus", "1", "2", "4"]).gpus == [1, 2, 4] and sg.parse([]).gpus is None
+    with pytest.raises(SystemExit):
+        sg.parse(["--gpus", "0"])
+    runs = sg.multi_runs([1, 2, 4], 2, cpu=False)
+    assert runs == [("ray-2", ["--executor", "ray", "--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "0,1"}),
+                    ("local-2", ["--device", "cuda:0,cuda:1"], None)]
+    assert "--gpus 4: this machine has 2; skipped" in capsys.readouterr().out
+    names = [r[0] for r in sg.multi_runs(None, 8, cpu=False, skip={"local-8"})]
+    assert names == ["ray-8"]  # the default: every GPU, named by its real count
+    assert sg.multi_runs([4], 4, cpu=True)[1] == ("local-4", ["--device", "cpu,cpu,cpu,cpu"], None)
+    assert sg.multi_runs([1], 8, cpu=False) == []  # 1 GPU is the local / ray-1 runs
+
+
+def test_ray_carry_slims_keeps_modes_and_unpacks(tmp_path, capsys):
+    """bench/ray_carry.py (issue 34's leftover): the dropped parts go, executables stay executable,
+    and the unpack.py it writes (the GPU machine's step) restores the rest."""
+    import subprocess
+    import sys
+    import zipfile
+
+    rc = _bench_module("ray_carry")
+    assert rc.main(["--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert ("--only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps" in said
+            and f"ray=={rc.VERSION}" in said), said
+    wheel = tmp_path / "ray-0-cp312-cp312-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, mode in [("ray/__init__.py", 0o644), ("ray/core/src/ray/raylet/raylet", 0o755), ("ray/rllib/algo.py", 0o644),
+                           ("ray/dashboard/agent.py", 0o644), ("ray/dashboard/client/build/index.html", 0o644),
+                           ("ray/_private/tests/test_x.py", 0o644), ("ray-0.dist-info/METADATA", 0o644)]:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            z.writestr(info, b"x")
+    out = tmp_path / "carry"
+    assert rc.main(["--wheel", str(wheel), "--no-deps", "--out", str(out)]) == 0
+    assert "4 files kept, 3 dropped" in capsys.readouterr().out
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, str(out / "unpack.py")], env={**os.environ, "RAYENV": str(site)}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert got == ["ray-0.dist-info/METADATA", "ray/__init__.py", "ray/core/src/ray/raylet/raylet", "ray/dashboard/agent.py"]
+    assert os.access(site / "ray/core/src/ray/raylet/raylet", os.X_OK)
+    assert rc.requirements(str(wheel)) == []
+    header = open(os.path.join(BENCH, "ray_carry.py")).read()
+    doc = open(os.path.join(BENCH, "..", "docs", "performance.md")).read()
+    line = "python3 .whl-ray/unpack.py && export PYTHONPATH=/tmp/rayenv/site:$PYTHONPATH"
+    assert line in header and line in doc  # the machine's lines, where a reader of either looks

@@ -275,3 +275,19 @@ def test_kv_cache_scheme_is_what_vllm_accepts(tmp_path):
     ct(TINY, tmp_path / "o", "FP8_PER_CHANNEL_PER_TOKEN", kv_cache_dtype="fp8")
     kv = qconfig(tmp_path / "o")["kv_cache_scheme"]
     assert (kv["type"], kv["num_bits"], kv["strategy"], kv["symmetric"], kv["dynamic"]) == ("float", 8, "tensor", True, False)
+
+
+def test_the_dry_run_plan_line_names_what_the_chosen_format_writes():
+    """Noticed in session 7: `--format compressed-tensors --dry-run` said quant_algo 'W8A16' (ModelOpt's name)."""
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    def plan_line(*args):
+        r = CliRunner().invoke(main, ["convert", "example:tiny-llama", "--dry-run", *args])
+        assert r.exit_code == 0, r.output
+        return next(line for line in r.output.splitlines() if line.startswith("plan: "))
+
+    assert "INT8 (compressed-tensors preset 'W8A8')" in plan_line("--algo", "INT8", "--format", "compressed-tensors")
+    assert "INT4 (compressed-tensors preset 'W4A16')" in plan_line("--algo", "INT4", "--format", "compressed-tensors")
+    assert "INT8 (quant_algo 'W8A16')" in plan_line("--algo", "INT8")

@@ -63,6 +63,10 @@ class Format:
         """The scheme writing `algo` in this format; a UsageError when the format has none."""
         raise NotImplementedError
 
+    def written_as(self, scheme: Scheme) -> str:
+        """How this format's documents name `scheme` (the --dry-run plan line): ModelOpt's quant_algo."""
+        return f"quant_algo {scheme.quant_algo!r}"
+
     def layout_problem(self, layout: str | None) -> str | None:
         """Why ``--layout`` `layout` cannot be written in this format (None: it can)."""
         return None

@@ -82,6 +82,10 @@ class CompressedTensors(Format):
     reference_math_only = True  # llm-compressor's bytes: the torch references, on every device
     served = SERVED
 
+    def written_as(self, scheme) -> str:
+        """llm-compressor's preset the config groups follow (``W4A16`` for INT4), not ModelOpt's quant_algo."""
+        return f"compressed-tensors preset {scheme.preset!r}"
+
     def scheme(self, algo: str):
         if algo not in CT_SCHEMES:
             raise UsageError(f"--algo {algo} --format compressed-tensors: compressed-tensors has no preset for it here; "

@@ -88,14 +88,16 @@ def output_config(source_config: dict, qconfig: dict, sentence_transformers: boo
     source's config would make transformers' default load compute in that dtype against bf16
     weights: "self and mat2 must have the same dtype"; vLLM serves these in bf16 too).
 
-    `sentence_transformers` (the source has a ``modules.json``): ``run_compressed: false`` is added
-    to the block, so transformers decompresses the weights at load. sentence-transformers calls the
-    model's ``forward`` directly, which skips compressed-tensors' decompress-on-first-call hook:
-    ``SentenceTransformer(DST).encode`` failed with every preset. vLLM ignores the key."""
+    `sentence_transformers` (the source has a ``modules.json``): ``dequantize: true`` is added to the
+    block, so transformers decompresses the weights at load. sentence-transformers calls the model's
+    ``forward`` directly, which skips compressed-tensors' decompress-on-first-call hook:
+    ``SentenceTransformer(DST).encode`` failed with every preset. ``run_compressed: false`` did the
+    same, but transformers warns on every load that it is deprecated (its only effect is to set
+    ``dequantize``). vLLM and compressed-tensors' own parser ignore the key."""
     cfg = {k: v for k, v in source_config.items() if k != "quantization_config"}
     if any(name in BF16_DECOMPRESSED for name in qconfig.get("config_groups", {})):
         present = [k for k in _DTYPE_KEYS if k in cfg] or ["torch_dtype"]
         for key in present:
             cfg[key] = "bfloat16"
-    cfg["quantization_config"] = {**qconfig, "run_compressed": False} if sentence_transformers else qconfig
+    cfg["quantization_config"] = {**qconfig, "dequantize": True} if sentence_transformers else qconfig
     return cfg

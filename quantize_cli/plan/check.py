@@ -70,14 +70,7 @@ def analyse_pattern(pattern: str, origin: str, mods: dict[str, Module], groups: 
             how = _how(mod, pattern)
             if how:
                 rep.matches[how].append(mod.name)
-    findings: list[Finding] = []
-    hit = set(rep.modules)  # a pattern matching nothing is already a plan warning (validate.py)
-    for prefix, members in groups.items():
-        inside = [m for m in members if m in hit]
-        if inside and len(inside) != len(members):
-            findings.append(Finding(ERROR, "pattern-partial-group", pattern,
-                f"{origin} {pattern!r} matches {', '.join(inside)} but not all of fused {prefix}; vLLM raises on mixed "
-                f"precision in a fused layer; use {prefix!r} to exclude the whole group"))
+    findings = partial_groups(rep, groups)
     surprising = [m for m in rep.matches["substring"] if m not in rep.matches["exact"] and m not in rep.matches["wildcard"]
                   and not _at_boundary(pattern, m) and not _at_boundary(pattern, mods[m].vllm_prefix)]
     if surprising and origin == "--exclude":
@@ -86,6 +79,19 @@ def analyse_pattern(pattern: str, origin: str, mods: dict[str, Module], groups: 
             f"--exclude {pattern!r} also matches {len(surprising)} module(s) through vLLM's legacy substring rule in the "
             f"middle of a name component (e.g. {shown}); anchor it (e.g. {pattern.rstrip('.*') + '.*'!r}) if that is not meant"))
     return rep, findings
+
+
+def partial_groups(rep: PatternReport, groups: dict[str, list[str]]) -> list[Finding]:
+    """An error for each fused group (or MoE layer) the pattern keeps only part of: vLLM raises on it."""
+    findings = []
+    hit = set(rep.modules)  # a pattern matching nothing is already a plan warning (validate.py)
+    for prefix, members in groups.items():
+        inside = [m for m in members if m in hit]
+        if inside and len(inside) != len(members):
+            findings.append(Finding(ERROR, "pattern-partial-group", rep.pattern,
+                f"{rep.origin} {rep.pattern!r} matches {', '.join(inside)} but not all of fused {prefix}; vLLM raises on mixed "
+                f"precision in a fused layer; use {prefix!r} to exclude the whole group"))
+    return findings
 
 
 def recipe_rule_report(rule, plan: Plan) -> PatternReport:
@@ -183,6 +189,7 @@ def run_check(plan: Plan, exclude, tp: int) -> CheckResult:
         rep = recipe_rule_report(rule, plan)
         if rep.modules:  # a default rule that keeps nothing here (BERT has no lm_head) is not worth a line
             reports.append(rep)
+            findings += partial_groups(rep, groups)
     seen: set = set()  # one finding per message (the plan may already report the same offender)
     findings = [x for x in findings if not (x.message in seen or seen.add(x.message))]
     return CheckResult(plan, tp, reports, findings)

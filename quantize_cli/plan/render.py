@@ -24,7 +24,7 @@ def _module_rows(plan) -> list[tuple[str, str, str, str]]:
 
 def _algos(plan) -> str:
     if not plan.mixed:
-        return f"{plan.scheme.algo} (quant_algo {plan.scheme.quant_algo!r})"
+        return f"{plan.scheme.algo} ({plan.format.written_as(plan.scheme)})"  # what the chosen format writes
     used = sorted({s.algo for s in plan.schemes.values()})
     return f"MIXED_PRECISION ({', '.join(used)}; default --algo {plan.scheme.algo})"
 

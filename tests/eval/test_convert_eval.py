@@ -96,3 +96,14 @@ def test_eval_settings_choose_the_text_and_its_size(tmp_path):
     assert r.exit_code == 0, r.stderr
     data = json.load(open(report))["eval"]["data"]
     assert data["spec"] == str(text) and data["samples"] == 3 and data["tokens"] == 3 * 16, data
+
+
+def test_a_failed_gate_on_an_already_complete_dst_writes_the_report(tmp_path):
+    """Noticed in session 7: `convert --resume --eval` of a finished DST whose gate fails wrote no --report."""
+    dst, report = tmp_path / "out", tmp_path / "report.json"
+    assert _convert(dst).exit_code == 0
+    r = _convert(dst, "--resume", "--eval", "--eval-samples", "2", "--eval-seq-len", "16", "--max-kl", "0", "--report", report)
+    assert_clean_failure(r, 1, "eval gate failed")
+    doc = json.load(open(report))
+    assert doc["status"] == "error" and "eval gate failed" in doc["error"] and doc["destination"] is None
+    assert doc["eval"]["ok"] is False and [g["name"] for g in doc["eval"]["gates"]] == ["max_kl"]
