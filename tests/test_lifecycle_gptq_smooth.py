@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from quantize_cli.cli import main
+from tests.test_resume import interrupt_after
 
 CAL = ["--calib-data", "default", "--calib-samples", "4", "--calib-seq-len", "32", "--device", "cpu"]
 
@@ -147,22 +148,6 @@ def _hidden_beside(folder) -> list[str]:
     return sorted(n for n in os.listdir(folder.parent) if n.startswith(".") and not n.endswith(".lock"))
 
 
-def _interrupt_after_tasks(monkeypatch, n: int):
-    import quantize_cli.run.pipeline as pipeline
-
-    real, count = pipeline.AsyncWriter._do, {"tasks": 0}
-
-    def do(self, item):
-        if item[0] == "task":
-            count["tasks"] += 1
-            if count["tasks"] == n:
-                raise KeyboardInterrupt
-        return real(self, item)
-
-    monkeypatch.setattr(pipeline.AsyncWriter, "_do", do)
-    return lambda: monkeypatch.setattr(pipeline.AsyncWriter, "_do", real)
-
-
 def _count_forwards(monkeypatch) -> list:
     """Every calibration forward run from here on (weights_entry.run), as a list that grows."""
     from quantize_cli.calibration import weights_entry
@@ -203,10 +188,10 @@ def test_item3_and_13_a_gptq_resume_after_the_data_changed_is_refused_and_after_
     data = tmp_path / "calib.jsonl"
     _ids_file(data)
     fresh = _api(tmp_path / "fresh", data)
-    undo = _interrupt_after_tasks(monkeypatch, 4)
+    interrupt_after(monkeypatch, 4)  # tests/test_resume.py's: the writer stops at the 4th task
     with pytest.raises(KeyboardInterrupt):
         _api(tmp_path / "out", data)
-    undo()
+    monkeypatch.undo()
     stage_dir = tmp_path / ".out.partial" / ".weights"
     assert len(os.listdir(stage_dir)) == 1, "the stage's weights live in the work folder, one key"
     _ids_file(data, shift=3)
@@ -225,10 +210,10 @@ def test_item3_the_same_tokens_from_another_path_are_the_same_weights(tmp_path, 
     first, renamed = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     _ids_file(first)
     _ids_file(renamed)
-    undo = _interrupt_after_tasks(monkeypatch, 4)
+    interrupt_after(monkeypatch, 4)  # tests/test_resume.py's: the writer stops at the 4th task
     with pytest.raises(KeyboardInterrupt):
         _api(tmp_path / "out", first)
-    undo()
+    monkeypatch.undo()
     forwards = _count_forwards(monkeypatch)
     _api(tmp_path / "out", renamed, resume=True)
     assert not forwards
@@ -267,10 +252,10 @@ def test_item12_resume_with_another_smooth_is_refused_before_any_forward(tmp_pat
 
     data = tmp_path / "calib.jsonl"
     _ids_file(data)
-    undo = _interrupt_after_tasks(monkeypatch, 4)
+    interrupt_after(monkeypatch, 4)  # tests/test_resume.py's: the writer stops at the 4th task
     with pytest.raises(KeyboardInterrupt):
         _api(tmp_path / "out", data)
-    undo()
+    monkeypatch.undo()
     stage_dir = tmp_path / ".out.partial" / ".weights"
     files = {str(p): (p.stat().st_mtime_ns, p.read_bytes()) for p in stage_dir.rglob("*") if p.is_file()}
     forwards = _count_forwards(monkeypatch)

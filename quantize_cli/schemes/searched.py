@@ -46,26 +46,6 @@ class Searched(Scheme):
             raise AttributeError(name)
         return getattr(self.base, name)
 
-    @property
-    def act_kind(self):
-        return self.base.act_kind  # a property of Scheme: __getattr__ would not reach the base's own
-
-    @property
-    def global_scale_key(self):
-        return self.base.global_scale_key
-
-    @property
-    def inverse_input_scale(self):
-        return self.base.inverse_input_scale
-
-    @property
-    def bits(self):
-        return self.base.bits
-
-    @property
-    def modelopt_single_group(self):
-        return self.base.modelopt_single_group
-
     def modelopt_group(self, group_size):
         return self.base.modelopt_group(group_size)
 
@@ -109,6 +89,13 @@ class Searched(Scheme):
             return quantize_blocks(w, channel_weights)
         return quantize_rows(self.base, w, channel_weights)
 
+
+
+# Scheme's own attributes, which the base defines for itself: __getattr__ never reaches them (the
+# class attribute is found first), so each is read from the base here: one list.
+for _name in ("act_kind", "global_scale_key", "inverse_input_scale", "bits", "modelopt_single_group"):
+    setattr(Searched, _name, property(lambda self, _n=_name: getattr(self.base, _n)))
+del _name
 
 def with_scale_search(scheme: Scheme, method: str | None) -> Scheme:
     """`scheme` itself for ``none``; its :class:`Searched` form for ``mse`` (a UsageError otherwise)."""
