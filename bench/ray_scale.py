@@ -51,7 +51,7 @@ def convert(args, src: str, dst: str, extra: list[str]) -> float:
 
 _HEAD = """
 import os, sys, time, ray
-ray.init(num_cpus=int(sys.argv[1]), num_gpus=int(sys.argv[2]), include_dashboard=False)
+ray.init(address="local", num_cpus=int(sys.argv[1]), num_gpus=int(sys.argv[2]), include_dashboard=False)
 with open(sys.argv[3] + ".tmp", "w") as f:
     f.write(ray.get_runtime_context().gcs_address)
 os.replace(sys.argv[3] + ".tmp", sys.argv[3])

@@ -56,7 +56,7 @@ sys.exit(rc)
 
 _HEAD = """
 import os, sys, time, ray
-ray.init(num_gpus=int(sys.argv[2]), include_dashboard=False, _system_config={"worker_niceness": 0})
+ray.init(address="local", num_gpus=int(sys.argv[2]), include_dashboard=False, _system_config={"worker_niceness": 0})
 with open(sys.argv[1] + ".tmp", "w") as f:
     f.write(ray.get_runtime_context().gcs_address)
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])

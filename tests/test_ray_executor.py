@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -39,7 +41,8 @@ def cluster(tmp_path_factory):
     """A local Ray instance with 2 CPUs for the whole module; yields the fault folder."""
     faults = tmp_path_factory.mktemp("faults")
     path = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    # address="local": never join a stale /tmp/ray/ray_current_cluster (see tests/matrix/support.py)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              runtime_env={"worker_process_setup_hook": "tests.ray_faults.install",
                           "env_vars": {"PYTHONPATH": path, FAULTS_ENV: str(faults)}})
     yield faults
@@ -275,6 +278,26 @@ def test_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --executor ray: cannot connect to 127.0.0.1:1") and "--ray-address" in last
     assert not (tmp_path / "o").exists()
+
+
+def test_without_an_address_a_stale_current_cluster_file_is_not_joined(tmp_path):
+    """No --ray-address, no RAY_ADDRESS: a new local instance, as the help says, even where
+    ``ray_current_cluster`` names a cluster that is gone (a killed `ray start` or test run leaves it;
+    ray.init() alone tries to join it and the run failed with "cannot connect to a local instance")."""
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write("127.0.0.1:1")
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
+        proc = subprocess.run([sys.executable, "-m", "quantize_cli", "convert", "example:tiny-llama", "-o", str(tmp_path / "o"),
+                               "--algo", "FP8", "--executor", "ray"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "ray: started a local instance" in proc.stderr + proc.stdout
+    assert os.path.isfile(tmp_path / "o" / "hf_quant_config.json")
 
 
 @pytest.mark.parametrize("low_disk", [False, True])

@@ -137,8 +137,11 @@ def connect(ray, address: str | None) -> tuple[bool, str]:
     # machine they get a small share of the CPUs (the local executor gets a full one).
     own = {} if address else {"_system_config": {"worker_niceness": 0}}
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True,
-                 **own)
+        # No address means a new local instance (as --ray-address's help says): "local", because
+        # ray.init(None) joins whatever /tmp/ray/ray_current_cluster names, a `ray start` cluster or a
+        # stale file left by a killed one (then the run failed). Joining one is `--ray-address auto`.
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=True, **own)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError by version
         where = address or "a local instance"
         raise RayRunError(f"--executor ray: cannot connect to {where} ({type(exc).__name__}: {first_line(exc)}); "

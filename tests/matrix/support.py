@@ -49,7 +49,9 @@ def local_ray():
     import ray
 
     path = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    # address="local": a new instance even where a `ray start` cluster, or a stale
+    # /tmp/ray/ray_current_cluster left by a killed run, is on this machine (ray.init() would join it).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
         yield ray
