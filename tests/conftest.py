@@ -111,6 +111,21 @@ def tiny_llama(make_checkpoint):
     return make_checkpoint(t, cfg, shards=2)
 
 
+@pytest.fixture
+def default_stop_handlers():
+    """SIGINT, SIGTERM and SIGHUP at Python's defaults for the test, restored after: a suite started in
+    the background (`cmd &` ignores SIGINT, `nohup` SIGHUP) would otherwise test the ignored case."""
+    import signal
+
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+    before = {s: signal.getsignal(s) for s in wanted}
+    for s, h in wanted.items():
+        signal.signal(s, h)
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
 @pytest.fixture(scope="session")
 def example_scales(tmp_path_factory):
     """SCALES.json of ``example:tiny-llama`` made once per session with ``quantize calibrate`` on the golden

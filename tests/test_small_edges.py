@@ -23,7 +23,7 @@ def test_report_is_written_on_an_interrupt(tiny_llama, tmp_path, monkeypatch):
     assert doc["status"] == "interrupted"
 
 
-def test_a_second_ctrl_c_during_the_exit_exits_at_once(monkeypatch):
+def test_a_second_ctrl_c_during_the_exit_exits_at_once(monkeypatch, default_stop_handlers):
     """After the first interrupt was handled, a second one must not raise inside atexit hooks."""
     exits = []
     monkeypatch.setattr(os, "_exit", exits.append)

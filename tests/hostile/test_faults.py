@@ -334,7 +334,7 @@ def test_work_folder_that_is_a_link_is_refused(tmp_path, src):
 
 
 # -- the signal helpers themselves -------------------------------------------------------------------
-def test_sigterm_and_sighup_raise_terminated_and_handlers_are_restored():
+def test_sigterm_and_sighup_raise_terminated_and_handlers_are_restored(default_stop_handlers):
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with pytest.raises(Terminated):
@@ -344,7 +344,7 @@ def test_sigterm_and_sighup_raise_terminated_and_handlers_are_restored():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_deferred_holds_a_signal_until_the_block_ends():
+def test_deferred_holds_a_signal_until_the_block_ends(default_stop_handlers):
     events = []
 
     def body():
