@@ -224,6 +224,19 @@ def test_convert_strict_allows_named_warnings_as_check_does(tmp_path):
     assert run("INT8", "--allow", "calib-ignored").exit_code == 1  # another code does not allow this one
 
 
+def test_allow_without_strict_is_a_usage_error():
+    """`--allow CODE` without `--strict` was accepted silently by convert and check (no warning refuses
+    without --strict): a CI line that lost its --strict looked lenient on purpose. Exit 2 naming both."""
+    from click.testing import CliRunner
+
+    from quantize_cli.cli import main
+
+    for cmd in (["convert", "example:tiny-llama", "--algo", "INT8", "--dry-run"], ["check", "example:tiny-llama", "--algo", "INT8"]):
+        r = CliRunner().invoke(main, [*cmd, "--allow", "int8-vllm"])
+        assert r.exit_code == 2 and "--allow int8-vllm" in r.output and "add --strict" in r.output, (cmd, r.output)
+        assert CliRunner().invoke(main, [*cmd, "--allow", "int8-vllm", "--strict"]).exit_code == 0
+
+
 def _bert(root, pooler: bool) -> str:
     """A BERT folder (hidden 384: at --tp 4 a row-parallel part has 96 in-features, which no INT4 group of 128 divides)."""
     import torch

@@ -59,6 +59,13 @@ def check_calibration(calib_data: str | None, calib_samples: int | None, calib_s
         raise UsageError("--calib-data and --act-scales: give one (calibrate now, or reuse a scales file)")
 
 
+def check_allow(strict: bool, allow) -> None:
+    """``--allow CODE`` only means something with ``--strict`` (without it no warning refuses):
+    given alone it is a usage error, so a CI line missing ``--strict`` is not silently lenient."""
+    if allow and not strict:
+        raise UsageError(f"--allow {' '.join(allow)}: it accepts warnings that --strict would refuse; add --strict, or drop --allow")
+
+
 def allowed_codes(allow, warnings: list[Finding], note=None) -> set[str]:
     """``--allow CODE`` (repeatable; ``[code]`` as printed is taken too) -> the codes; `note` is told
     of any that matches no warning here (a typo, or a warning that went away)."""
@@ -80,4 +87,4 @@ def strict_refusal(warnings: list[Finding], what: str, allow=(), note=None) -> N
                         details=[f"[{f.code}] {f.message}" if f.code else f.message for f in refused])
 
 
-__all__ = ["check_source_path", "check_calibration", "allowed_codes", "strict_refusal"]
+__all__ = ["check_source_path", "check_calibration", "check_allow", "allowed_codes", "strict_refusal"]

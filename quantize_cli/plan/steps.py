@@ -130,8 +130,9 @@ def check(src: str, algo: str, exclude=(), recipe: str | None = None, tp: int = 
     _not_yet_with_mixed(algo_for, scheme)
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be a positive number of tensor-parallel ranks")
-    from .preflight import check_calibration
+    from .preflight import check_allow, check_calibration
 
+    check_allow(strict, allow)
     check_calibration(calib_data, None, None, act_scales)
     if act_scales is not None and not os.path.isfile(act_scales):
         raise UsageError(f"--act-scales {act_scales}: no such file; give the SCALES.json `quantize calibrate` wrote")
@@ -180,7 +181,7 @@ def check_options(opts: ConvertOptions) -> Checked:
     decides which is said first). How it runs (--executor, --device, --kernels) is checked next by
     run.options.check_run_options; DST, --report and --push-to-hub by the output lifecycle."""
     from ..formats import format_named
-    from .preflight import check_calibration
+    from .preflight import check_allow, check_calibration
 
     src, dst = opts.src, opts.dst
     with_scale_search(get_scheme(opts.algo), opts.scale_search)
@@ -205,6 +206,7 @@ def check_options(opts: ConvertOptions) -> Checked:
         raise UsageError(f"--low-disk {src}: only for Hub repo ids (a local checkpoint is already on disk)")
     _local_options(src, opts.revision, opts.exclude)
     check_calibration(opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, opts.scale_search)
+    check_allow(opts.strict, opts.allow)
     if not opts.dry_run and not dst:
         raise UsageError("convert needs -o DST (or --dry-run)")
     return Checked(budget, fmt, not local_src)
