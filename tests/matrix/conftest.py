@@ -8,6 +8,7 @@ import pytest
 
 from tests.hostile.helpers import invoke
 
+from . import algo_cells
 from .cells import Cell, path
 from .support import fake_hub, local_ray
 
@@ -52,3 +53,26 @@ class References:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory, scales):
     return References(tmp_path_factory.mktemp("refs"), scales[0])
+
+
+class AlgoReferences:
+    """The second array's references (algo_cells.py): one fresh ``convert --calib-data`` on one device without
+    ``--eval`` per bytes key, a path no cell of that array takes."""
+
+    def __init__(self, root):
+        self.root, self.made = root, {}
+
+    def of(self, cell: algo_cells.Cell) -> str:
+        assert cell.o["path"] != algo_cells.REFERENCE_PATH, f"{cell.id}: the reference is the cell's own path"
+        key = cell.bytes_key()
+        if key not in self.made:
+            dst = str(self.root / f"ref-{len(self.made)}")
+            r = invoke(*cell.args(dst, None, path=algo_cells.REFERENCE_PATH))
+            assert r.exit_code == 0, f"reference {key}: {r.stderr or r.output}"
+            self.made[key] = dst
+        return self.made[key]
+
+
+@pytest.fixture(scope="module")
+def algo_references(tmp_path_factory):
+    return AlgoReferences(tmp_path_factory.mktemp("algo-refs"))

@@ -19,7 +19,13 @@ import pytest
 # Every defect found so far (issue 23's 1-9, the matrix's M1-M3, issue 35's 2, 3, 5, 12: fixed by
 # calibration/stage.py) is fixed: a cell or scenario that fails now is a regression. A defect found
 # later gets an entry here, ``"label": ("what fails", lambda o: <the options it touches>)``.
-_DEFECTS: dict = {}
+_DEFECTS: dict = {
+    "35.M4": ("`verify --source` of a compressed-tensors output made with --rounding gptq / --smooth holds its weights to the "
+              "round-to-nearest SQNR floors and says nothing of the method (exit 1 where smoothing moved them below a floor): "
+              "only ModelOpt's hf_quant_config.json records the method (formats/modelopt_verify.py), config.json does not",
+              lambda o: o.get("format") == "compressed-tensors" and (o.get("rounding", "nearest") != "nearest"
+                                                                     or o.get("smooth", "none") != "none")),
+}
 
 
 def defects_of(o: dict) -> list[str]:
