@@ -167,8 +167,9 @@ class Cell:
         return flags
 
 
+@functools.lru_cache(maxsize=None)
 def build() -> tuple[list[Cell], list[Cell]]:
     """(cells that must write output, cells that must be refused): every pair of values at least once."""
     ok, refused = pairwise.build(FACTORS, allowed, refusals, cost=cost)
     as_cell = lambda r: Cell(tuple((k, r[k]) for k in FACTORS))  # noqa: E731
-    return [as_cell(r) for r in ok], [as_cell(r) for r in refused]
+    return [as_cell(r) for r in ok], [as_cell(r) for r in refused]  # cached: callers copy before adding

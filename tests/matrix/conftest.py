@@ -1,6 +1,7 @@
 """Fixtures of the feature-interaction matrix: SCALES.json (made once with ``quantize calibrate``), a fake
 Hub, a local Ray instance (started only when a Ray cell runs), and the reference outputs (the same
-bytes by another path: cells.reference_options), each made once per module and shared by the cells."""
+bytes by another path: cells.reference_options, and the second array's ``algo_references``), each made
+once per module and shared by the cells."""
 
 from __future__ import annotations
 
