@@ -39,12 +39,13 @@ FACTORS = {
     "eval": ("off", "pass", "fail"),
     "model": ("tiny-llama", "tiny-qwen3-moe"),
     "format": ("modelopt", "compressed-tensors"),
+    "layout": ("plain", "marlin"),  # marlin packs every algorithm here on dense Linears, MXFP8's MoE stacks too
     "path": ("calibrate", "interrupted", "devices"),
 }
 REFERENCE_PATH = "run"  # fresh, one device, --calib-data inside the run: the path of every reference, of no cell
 DEVICE = {"calibrate": "cpu", "interrupted": "cpu", "devices": "cpu,cpu", "run": "cpu"}
 BASE = {"algo": NEW_ALGOS[0], "rounding": "nearest", "smooth": "none", "exclude": "none", "eval": "off", "model": "tiny-llama",
-        "format": "modelopt", "path": "calibrate"}
+        "format": "modelopt", "layout": "plain", "path": "calibrate"}
 
 
 def transform(o: dict) -> bool:
@@ -55,14 +56,14 @@ def transform(o: dict) -> bool:
 def cost(o: dict) -> float:
     """Rough seconds on a 2-core CPU: a transform's forward (MoE: every expert), an eval forward, a resume."""
     return (2 * transform(o) * (1 + (o["model"] != "tiny-llama")) + 2 * (o["eval"] != "off")
-            + (o["path"] == "interrupted") + (o["path"] == "calibrate"))
+            + (o["path"] == "interrupted") + (o["path"] == "calibrate") + (o["layout"] != "plain"))
 
 
 def _options(o: dict):
     from quantize_cli.plan.options import ConvertOptions
 
     calib = {"act_scales": "SCALES.json"} if o["path"] == "calibrate" else {"calib_data": CALIB}
-    return ConvertOptions(src=f"example:{o['model']}", dst="out", algo=o["algo"], format=o["format"],
+    return ConvertOptions(src=f"example:{o['model']}", dst="out", algo=o["algo"], format=o["format"], layout=o["layout"],
                           exclude=(EXCLUDE[o["exclude"]],) if o["exclude"] != "none" else (), rounding=o["rounding"],
                           smooth=o["smooth"], device=DEVICE[o["path"]], eval=o["eval"] != "off",
                           max_kl=float(GATE[o["eval"]][1]) if o["eval"] != "off" else None, **calib)
@@ -80,17 +81,17 @@ def _checked(opts) -> cells.Refusal | None:
     try:
         check_options(opts)
         check_run_options(opts, format_named(opts.format))
-        _plan_problems(opts.src, opts.algo, opts.exclude, opts.format)
+        _plan_problems(opts.src, opts.algo, opts.exclude, opts.format, opts.layout)
     except QuantizeError as exc:
         return cells.Refusal(exc.exit_code, "\n".join([str(exc), *map(str, getattr(exc, "details", None) or [])]))
     return None
 
 
 @functools.lru_cache(maxsize=None)
-def _plan_problems(src, algo, exclude, fmt) -> None:
+def _plan_problems(src, algo, exclude, fmt, layout) -> None:
     from quantize_cli.plan.steps import prepare, raise_problems
 
-    raise_problems(prepare(src, algo, exclude=exclude, format=fmt))
+    raise_problems(prepare(src, algo, exclude=exclude, format=fmt, layout=layout))
 
 
 def refusals(row: dict) -> list[cells.Refusal]:
@@ -127,12 +128,14 @@ class Cell:
         return refusals(self.o)
 
     def bytes_key(self) -> tuple:
-        """What decides the output bytes (cells with the same key share one reference run)."""
+        """What decides the output bytes in their plain form (cells with the same key share one reference run; a
+        packed cell is compared after ``quantize unpack``)."""
         o = self.o
         return (o["model"], o["format"], o["algo"], o["rounding"], o["smooth"], o["exclude"])
 
     def byte_options(self) -> list[str]:
-        """The options that decide the bytes, without the data's source (--calib-data or --act-scales)."""
+        """The options that decide the weights, without the data's source (--calib-data or --act-scales) and the
+        layout (what ``quantize calibrate`` takes with a transform)."""
         o = self.o
         args = ["--algo", o["algo"]] + (["--format", o["format"]] if o["format"] != "modelopt" else [])
         args += ["--exclude", EXCLUDE[o["exclude"]]] if o["exclude"] != "none" else []
@@ -151,6 +154,7 @@ class Cell:
         o, path = self.o, path or self.o["path"]
         data = ["--act-scales", scales] if path == "calibrate" else ["--calib-data", CALIB]
         args = ["convert", self.src, "-o", dst, *self.byte_options(), *data, "--device", DEVICE[path], "-q"]
+        args += ["--layout", o["layout"]] if o["layout"] != "plain" and path != REFERENCE_PATH else []  # the reference: plain
         return args + ([*EVAL, "--eval", *GATE[o["eval"]]] if o["eval"] != "off" and path != REFERENCE_PATH else [])
 
     def card_flags(self, scales: str) -> dict[str, list[str]]:
@@ -160,7 +164,8 @@ class Cell:
         flags = {"--algo": [o["algo"]], "--format": [o["format"]] if o["format"] != "modelopt" else [],
                  "--exclude": [EXCLUDE[o["exclude"]]] if o["exclude"] != "none" else [],
                  "--rounding": [o["rounding"]] if o["rounding"] != "nearest" else [],
-                 "--smooth": [o["smooth"]] if o["smooth"] != "none" else []}
+                 "--smooth": [o["smooth"]] if o["smooth"] != "none" else [],
+                 "--layout": [o["layout"]] if o["layout"] != "plain" else []}
         if transform(o):
             flags |= {"--act-scales": [scales] if o["path"] == "calibrate" else [],
                       "--calib-data": [CALIB] if o["path"] != "calibrate" else []}

@@ -1,6 +1,6 @@
 """Issue 35's second covering array (algo_cells.py): every algorithm the first array lacks, with
 ``--rounding gptq``, ``--smooth awq``, ``--exclude``, ``--eval`` (a gate that passes, one that fails),
-a dense and an MoE model, both formats, along three paths (``quantize calibrate`` then
+a dense and an MoE model, both formats, the plain and the Marlin layout, along three paths (``quantize calibrate`` then
 ``--act-scales``; an interrupted ``--calib-data`` run then ``--resume``; ``--device cpu,cpu``).
 
 Every cell runs the real command lines (in-process, CliRunner) and either
@@ -8,7 +8,7 @@ Every cell runs the real command lines (in-process, CliRunner) and either
 - is refused before the first byte, as the converter's own checks say (algo_cells.refusals): its exit
   code, one ``error:`` line, nothing written; or
 - writes output (with a failing ``--eval`` gate: exit 1, no DST, the output kept as
-  ``DST.eval-failed``) whose files equal the reference's byte for byte (one fresh ``convert
+  ``DST.eval-failed``; a packed one in the asked layout, read in its plain form after ``quantize unpack``) whose files equal the reference's byte for byte (one fresh ``convert
   --calib-data`` on one device, without ``--eval``: another path), whose bytes hold the asked algorithm
   on every Linear but the excluded ones (read from the tensors: describe.py), with each algorithm's
   shapes and the fused groups' shared scales, whose kept modules are the source's bytes and are named
@@ -27,13 +27,13 @@ from collections import Counter
 import pytest
 
 from quantize_cli.algorithms import ALGOS
-from quantize_cli.api import verify
+from quantize_cli.api import unpack, verify
 from quantize_cli.checkpoint.examples import example_path
 from tests.hostile.helpers import assert_clean_failure, invoke, tree_state
 
 from . import algo_cells, cells, pairwise
 from .algo_cells import EXCLUDE, REFERENCE_PATH, transform
-from .describe import (Output, algos_in_bytes, check_card, check_config, check_kept, check_scales, check_serve_lines,
+from .describe import (Output, algos_in_bytes, card_rows, check_card, check_config, check_kept, check_scales, check_serve_lines,
                        check_weight_scales, expected_algos, same_files)
 from .known import marks_for_options
 from .reports import check_report
@@ -49,7 +49,8 @@ REFUSED = REFUSED + [algo_cells.Cell(tuple((k, r[k]) for k in algo_cells.FACTORS
 @pytest.mark.parametrize("cell", [pytest.param(c, id=c.id) for c in REFUSED])
 def test_refused_before_the_first_byte(cell, tmp_path):
     (rule,) = cell.refused  # what the converter's own checks say (algo_cells.refusals)
-    assert cell.o["algo"] in rule.message, f"the refusal does not name --algo {cell.o['algo']}: {rule.message}"
+    named = [f for f in ("--algo", "--format", "--layout", "--exclude", "--rounding", "--smooth", "--device") if f in rule.message]
+    assert len(named) >= 2, f"the refusal names {named}, not the options that refuse each other: {rule.message}"
     scales = str(tmp_path / "scales.json")
     if cell.o["path"] == "calibrate":  # the row's first command: calibrate refuses a transform's options itself
         r = invoke(*cell.calibrate_args(scales))
@@ -89,6 +90,10 @@ def test_cell(cell, tmp_path, algo_references):
         assert r.exit_code == 0, f"exit {r.exit_code}: {(r.stderr or r.output)[-400:]}"
     left = [f for f in os.listdir(tmp_path) if f in (".out.partial", ".out.lock")]
     assert not left, f"left beside DST: {left}"
+    if o["layout"] != "plain":  # packed: the kernel's tensors, said so; its plain form (``quantize unpack``) is checked below
+        _check_packed(Output.read(folder), o, dst, problems)
+        unpack(folder, str(tmp_path / "unpacked"), quiet=True)
+        folder = str(tmp_path / "unpacked")
     out, fmt, model = Output.read(folder), o["format"], o["model"]
     want = expected_algos(o["algo"], None, model, EXCLUDE.get(o["exclude"]))
     if algos_in_bytes(out) != want:
@@ -100,9 +105,10 @@ def test_cell(cell, tmp_path, algo_references):
     words = " ".join((["GPTQ"] if o["rounding"] == "gptq" else []) + ([o["smooth"]] if o["smooth"] != "none" else []))
     if o["eval"] != "fail":  # the card is written once the gate passed: DST.eval-failed is kept for inspection only
         check_card(out, fmt, False, "plain", False, cell.card_flags(scales), problems, transform=words or None)
-        check_serve_lines(out.card, dst, False, "plain", problems)
+        if o["layout"] == "plain":
+            check_serve_lines(out.card, dst, False, "plain", problems)
     doc = json.load(open(report))
-    as_first = {**o, "layout": "plain", "kv": "none", "scale_search": "none", "algo_for": "none", "verify": "off", "push": "off",
+    as_first = {**o, "kv": "none", "scale_search": "none", "algo_for": "none", "verify": "off", "push": "off",
                 "calibration": "act-scales" if o["path"] == "calibrate" else "calib-data"}  # the first array's names (reports.py)
     check_report(doc, out, as_first, fmt, "error" if o["eval"] == "fail" else "ok", problems)
     _check_report_options(doc.get("options") or {}, o, problems)
@@ -110,6 +116,20 @@ def test_cell(cell, tmp_path, algo_references):
     same_files(folder, algo_references.of(cell), problems)  # the same bytes by another path
     _verify_source(folder, model, o, problems)
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
+
+
+def _check_packed(packed: Output, o: dict, dst: str, problems: list) -> None:
+    """A packed output: its tensors in the asked layout (every algorithm here packs), config.json and the card say so,
+    and the card's serve lines say to unpack it first."""
+    layout = o["layout"]
+    suffixed = [n for n in packed.tensors if n.endswith(f"_{layout}")]
+    said = ((packed.config.get("quantization_config") or {}).get("layout") or {}).get("name")
+    if not suffixed or said != layout:
+        problems.append(f"layout: {len(suffixed)} {layout} tensor(s), config.json layout {said!r}, asked --layout {layout}")
+    if packed.card:
+        if (card_rows(packed.card).get("layout") or [""])[0].split(" ")[0] != layout:
+            problems.append(f"card: layout row {card_rows(packed.card).get('layout')} for --layout {layout}")
+        check_serve_lines(packed.card, dst, False, layout, problems)
 
 
 def _check_report_options(opts: dict, o: dict, problems: list) -> None:
@@ -172,13 +192,13 @@ def test_the_second_array_covers_every_pair_and_every_algorithm_is_in_one_array(
 def test_no_cell_of_the_second_array_is_compared_with_its_own_command():
     """Each cell's path differs from its reference's (``--calib-data`` in one fresh run on one device): calibrate
     then ``--act-scales`` and two devices are other command lines; an interrupted cell is the reference's command
-    stopped after two journaled tasks and resumed."""
+    (with ``--layout`` where packed: compared after unpack) stopped after two journaled tasks and resumed."""
     for c in RUN:
         assert c.o["path"] in ("calibrate", "interrupted", "devices") and c.o["path"] != REFERENCE_PATH
         mine = c.args("DST", "S.json")
         mine = mine[: mine.index("--eval-samples")] if "--eval" in mine else mine
         ref = c.args("DST", "S.json", path=REFERENCE_PATH)
-        assert (mine == ref) == (c.o["path"] == "interrupted"), c.id
+        assert (mine == ref) == (c.o["path"] == "interrupted" and c.o["layout"] == "plain"), c.id  # packed: + --layout
 
 
 def test_the_second_array_runs_in_minutes():

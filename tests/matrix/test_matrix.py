@@ -197,6 +197,9 @@ def test_no_cell_is_compared_with_its_own_command():
     plain = {**cells.BASE, "algo": "FP8"}  # the row that was its own reference before issue 35
     assert cells.same_path(plain) and not cells.allowed(plain)
     assert all(cells.allowed(c.o) for c in RUN)
+    from . import algo_cells  # the second array: no cell takes its reference's path (test_algorithms.py checks the command lines)
+
+    assert not [c.id for c in algo_cells.build()[0] if c.o["path"] == algo_cells.REFERENCE_PATH]
 
 
 def test_every_known_defect_still_marks_a_cell_or_a_scenario():
