@@ -330,7 +330,8 @@ def _eval(folder: str, src: str | None, opts: ConvertOptions, how, con: Console,
                           "to compare with; run `quantize eval DST --source SRC` with them instead")
     with layer_bar(opts.quiet) as bar:
         settings = convert_eval_settings({s: getattr(opts, s) for s in _EVAL_SETTINGS})
-        result = run_eval(folder, source=src, device=how.device, progress=bar, **settings, **limits)
+        # one forward, on the first of several devices (--device cuda:0,cuda:1), as calibration's
+        result = run_eval(folder, source=src, device=how.first_device, progress=bar, **settings, **limits)
     result.dst = opts.dst  # the text and the report name DST, not the work folder it was measured in
     if opts.quiet:
         for w in result.warnings:

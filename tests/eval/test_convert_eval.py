@@ -45,6 +45,17 @@ def test_a_failed_gate_never_writes_dst_and_keeps_the_output_aside(tmp_path):
     assert doc["eval"]["ok"] is False and [(g["name"], g["ok"]) for g in gate] == [("max_kl", False)] and gate[0]["value"] > 0
 
 
+def test_eval_with_two_devices_runs_on_the_first(tmp_path):
+    """``--device cpu,cpu --eval``: the eval forward runs on the first device, as calibration does (it passed
+    the tuple of both to eval's device resolution: an internal error after the whole output was written)."""
+    dst, report = tmp_path / "out", tmp_path / "report.json"
+    r = invoke("convert", EX, "-o", dst, "--algo", "INT8", "--device", "cpu,cpu", "-q", "--eval", "--max-kl", "1",
+               "--eval-samples", "2", "--eval-seq-len", "16", "--report", report)
+    assert r.exit_code == 0, r.stderr
+    doc = json.load(open(report))["eval"]
+    assert doc["ok"] is True and doc["run"]["device"] == "cpu"
+
+
 def test_gates_without_eval_are_refused_before_anything_is_read(tmp_path):
     r = _convert(tmp_path / "out", "--max-ppl-increase", "3")
     assert_clean_failure(r, 2, "--max-ppl-increase", "--eval")  # a usage error

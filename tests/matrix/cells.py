@@ -10,6 +10,10 @@ every cell is compared with a reference that reaches the same bytes by another p
 (``reference_options``); a row that would be its own reference is never a cell. The source is ``example:tiny-llama``
 written in small shards (SHARD) so that fused groups straddle output shards (the Ray defect hides
 there; test_matrix.py checks that the references really do straddle).
+
+The second covering array (algo_cells.py, test_algorithms.py) holds what this one does not: the other
+algorithms of ``ALGORITHMS`` (INT4, INT4_ASYM, INT8, MXFP8, W4A16_NVFP4, FP8_PER_CHANNEL_PER_TOKEN),
+``--rounding gptq``, ``--smooth awq``, ``--exclude``, ``--eval`` and the MoE ``example:tiny-qwen3-moe``.
 """
 
 from __future__ import annotations

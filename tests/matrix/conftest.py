@@ -1,6 +1,7 @@
 """Fixtures of the feature-interaction matrix: SCALES.json (made once with ``quantize calibrate``), a fake
 Hub, a local Ray instance (started only when a Ray cell runs), and the reference outputs (the same
-bytes by another path: cells.reference_options), each made once per module and shared by the cells."""
+bytes by another path: cells.reference_options, and the second array's ``algo_references``), each made
+once per module and shared by the cells."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from tests.hostile.helpers import invoke
 
+from . import algo_cells
 from .cells import Cell, path
 from .support import fake_hub, local_ray
 
@@ -52,3 +54,26 @@ class References:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory, scales):
     return References(tmp_path_factory.mktemp("refs"), scales[0])
+
+
+class AlgoReferences:
+    """The second array's references (algo_cells.py): one fresh ``convert --calib-data`` on one device without
+    ``--eval`` per bytes key, a path no cell of that array takes."""
+
+    def __init__(self, root):
+        self.root, self.made = root, {}
+
+    def of(self, cell: algo_cells.Cell) -> str:
+        assert cell.o["path"] != algo_cells.REFERENCE_PATH, f"{cell.id}: the reference is the cell's own path"
+        key = cell.bytes_key()
+        if key not in self.made:
+            dst = str(self.root / f"ref-{len(self.made)}")
+            r = invoke(*cell.args(dst, None, path=algo_cells.REFERENCE_PATH))
+            assert r.exit_code == 0, f"reference {key}: {r.stderr or r.output}"
+            self.made[key] = dst
+        return self.made[key]
+
+
+@pytest.fixture(scope="module")
+def algo_references(tmp_path_factory):
+    return AlgoReferences(tmp_path_factory.mktemp("algo-refs"))

@@ -2,7 +2,8 @@
 cells.py, pairwise.py) over executor (local, Ray, ``--device cpu,cpu``), format, ``--algo-for``,
 calibration (``--act-scales``, ``--calib-data``), layout, KV cache, scale search, lifecycle,
 ``--verify`` and ``--push-to-hub``, on ``example:tiny-llama`` in small shards. The scenarios a
-single command line cannot show are in test_scenarios.py.
+single command line cannot show are in test_scenarios.py; the other algorithms, GPTQ, smoothing,
+``--exclude``, ``--eval`` and MoE are the second array's (test_algorithms.py).
 
 Every cell runs the real command line (in-process, CliRunner) and either
 
@@ -30,12 +31,12 @@ import pytest
 
 from quantize_cli.api import unpack, verify
 from quantize_cli.checkpoint.examples import example_path
-from tests.conftest import load_all, output_files, same_bytes
 from tests.hostile.helpers import assert_clean_failure, invoke, tree_state
 
 from . import cells
 from .support import interrupted_after
-from .describe import Output, algos_in_bytes, check_card, check_config, check_scales, check_serve_lines, expected_algos, section, straddling_groups
+from .describe import (Output, algos_in_bytes, check_card, check_config, check_kept, check_scales, check_serve_lines, check_weight_scales, expected_algos,
+                       same_files, section, straddling_groups)
 from .known import marks_for, unmatched
 from .scenarios import SCENARIOS
 from .reports import check_report
@@ -87,6 +88,9 @@ def test_cell(cell, tmp_path, scales, references, hub, request):
     layout = cells.written_layout(o)  # an asked layout that does not pack the algorithm is written plain (a warning says so)
     check_config(out, fmt, o["kv"] == "fp8", layout, amax is not None, problems)
     check_scales(out, fmt, want, amax, kv_amax, o["kv"] == "fp8", problems)
+    check_kept(out, fmt, cells.SRC.partition(":")[2], problems)
+    if layout == "plain":  # a packed layout's tensors are the kernel's (docs/layouts.md); unpack gives these back
+        check_weight_scales(out, fmt, cells.SRC.partition(":")[2], problems)
     check_card(out, fmt, o["kv"] == "fp8", layout, amax is not None, cell.byte_flags(scales[0]), problems)
     verified = section(out.card, "Verification").startswith("`quantize verify` passed")
     if o["lifecycle"] != "finished" and verified != (o["verify"] == "on"):  # finished: the card is the first run's
@@ -137,24 +141,13 @@ def _lifecycle(lifecycle: str, args: list, follow: list, dst: str, tmp_path, pro
     return "ok"
 
 
-def _same_files(dst: str, ref: str, problems: list) -> None:
-    """Every file but the card (it names DST and its command) and hidden bookkeeping equals the reference's, byte for byte."""
-    got, want = output_files(dst), output_files(ref)
-    if got == want:
-        return
-    names = sorted(f for f in set(got) | set(want) if got.get(f) != want.get(f))
-    a, b = load_all(dst), load_all(ref)
-    tensors = sorted(n for n in set(a) | set(b) if n not in a or n not in b or not same_bytes(a[n], b[n]))
-    problems.append(f"bytes: {names} differ from the reference (another path); tensors: {tensors[:6]}{' ...' if len(tensors) > 6 else ''}")
-
-
 def _verify_source(dst: str, layout: str, ref: str, tmp_path, problems: list) -> None:
     """DST (a packed one in its plain form, ``quantize unpack``) equals the reference and passes ``quantize verify --source``."""
     folder = dst
     if layout != "plain":
         folder = str(tmp_path / "unpacked")
         unpack(dst, folder, quiet=True)
-    _same_files(folder, ref, problems)
+    same_files(folder, ref, problems)
     try:
         res = verify(folder, source=example_path("tiny-llama"), quiet=True)
     except Exception as exc:  # noqa: BLE001 - CheckFailed: the findings are in the message
@@ -204,11 +197,17 @@ def test_no_cell_is_compared_with_its_own_command():
     plain = {**cells.BASE, "algo": "FP8"}  # the row that was its own reference before issue 35
     assert cells.same_path(plain) and not cells.allowed(plain)
     assert all(cells.allowed(c.o) for c in RUN)
+    from . import algo_cells  # the second array: no cell takes its reference's path (test_algorithms.py checks the command lines)
+
+    assert not [c.id for c in algo_cells.build()[0] if c.o["path"] == algo_cells.REFERENCE_PATH]
 
 
 def test_every_known_defect_still_marks_a_cell_or_a_scenario():
-    """known.py's strict xfails are live: an entry that matches no cell and no scenario is stale (delete it)."""
-    assert not unmatched([c.o for c in RUN] + list(SCENARIOS))
+    """known.py's strict xfails are live: an entry that matches no cell (of either array) and no scenario is stale
+    (delete it)."""
+    from . import algo_cells
+
+    assert not unmatched([c.o for c in RUN] + [c.o for c in algo_cells.build()[0]] + list(SCENARIOS))
 
 
 def test_the_matrix_runs_in_minutes():
