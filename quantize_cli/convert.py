@@ -9,8 +9,9 @@
     executor.produce     the bytes: local (run/local.py) or Ray (run/ray_executor.py), the same way
     WorkFolder.finish    shards checked, index, the format's documents, sidecars
     --verify             the work folder read back as a loader would (refused: DST never appears)
+    card                 the model card
     --eval               the work folder's accuracy as served, vs SRC (eval/); a failed gate: DST never appears
-    card, seal, commit   the model card, the identity and digests, the rename to DST
+    seal, commit         the identity and digests, the rename to DST
     follow-ups           the report, --push-to-hub
 
 A ``--resume`` of a finished DST replaces open..commit by ``WorkFolder.confirm_finished`` and runs
@@ -234,7 +235,7 @@ def _executor(name: str):
 
 
 def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
-    """open -> produce -> finish -> --verify -> card -> seal -> commit. On failure DST never appears:
+    """open -> produce -> finish -> --verify -> card -> --eval -> seal -> commit. On failure DST never appears:
     resumable failures keep the work folder, others remove it."""
     from .output.card import card_facts, card_text
 
@@ -266,13 +267,15 @@ def _write(opts, ok, how, plan, identity, options, timings, t0, report, con):
         if opts.verify:
             verified = _verify_before_publishing(work, _verify_source(opts, ok, plan), plan, con)
             timings["verify_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["convert_s"]
+        # the card before --eval: an output a failed gate sets aside (DST.eval-failed) keeps it, with the
+        # weights method that `verify --source` reads for a compressed-tensors folder
+        facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
+        work.write_card(card_text(work.partial, facts, opts.push_to_hub))
         evaluated = None
         if opts.eval:
             t1 = time.perf_counter()
             evaluated = _eval(work.partial, _eval_source(opts, ok), opts, how, con, work)
             timings["eval_s"] = time.perf_counter() - t1
-        facts = card_facts(plan, identity, opts.dst, opts.push_to_hub, opts.base_model, verified)
-        work.write_card(card_text(work.partial, facts, opts.push_to_hub))
         work.seal(identity, plan)
         timings["total_s"] = time.perf_counter() - t0
         work.commit()

@@ -84,3 +84,24 @@ def test_a_compressed_tensors_output_resumed_as_modelopt_is_refused(tmp_path):
         convert(golden_checkpoint("tiny-llama"), dst, algo="FP8_PB_WO", quiet=True, resume=True)
     after = load_all(dst)
     assert before.keys() == after.keys() and all(torch.equal(before[k].view(-1).view(torch.uint8), after[k].view(-1).view(torch.uint8)) for k in before)
+
+
+def test_verify_source_of_a_compressed_tensors_output_knows_its_weights_method(tmp_path):
+    """The matrix's 35.M4: `verify --source` of a compressed-tensors output made with --rounding gptq
+    --smooth awq held the weights to the round-to-nearest floors (exit 1 on a correct output) because
+    config.json has no field for the method. The card records it (calibration/record.py); verify reads
+    it there: smoothed weights are not compared. Without the record it compares as round to nearest."""
+    from quantize_cli.calibration.record import METHOD_COMMENT
+    from quantize_cli.errors import CheckFailed
+    from tests.matrix.support import CALIB
+
+    dst = tmp_path / "out"
+    convert("example:tiny-llama", str(dst), algo="INT8", format="compressed-tensors", rounding="gptq", smooth="awq",
+            calib_data=CALIB, calib_samples=4, calib_seq_len=32, device="cpu", quiet=True)
+    card = (dst / "README.md").read_text()
+    assert METHOD_COMMENT.search(card).group(1) == '{"rounding": "gptq", "smooth": "awq"}'
+    res = api.verify(str(dst), source="example:tiny-llama", quiet=True)
+    assert not res.errors and "--smooth awq" in res.source_note and not res.errors_by_tensor
+    (dst / "README.md").write_text(METHOD_COMMENT.sub("", card))
+    with pytest.raises(CheckFailed):  # compared with the floors: the smoothed weights fall under them
+        api.verify(str(dst), source="example:tiny-llama", quiet=True)

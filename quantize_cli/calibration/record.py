@@ -1,6 +1,9 @@
-"""The calibration data's record in a model card, where no document of the format holds it
-(compressed-tensors outputs; GPTQ / smoothed weights): an HTML comment, invisible when rendered,
-written by output/card.py and read by ``quantize eval`` for its calibration-overlap check. Torch-free."""
+"""What calibration did, recorded in a model card where no document of the format holds it
+(compressed-tensors outputs; GPTQ / smoothed weights): HTML comments, invisible when rendered,
+written by output/card.py. The data (spec, sha256, ...) is read by ``quantize eval`` for its
+calibration-overlap check; the weights method (``--rounding`` / ``--smooth``) by ``quantize verify
+--source`` on a compressed-tensors output, whose config.json has no field for it (ModelOpt's
+hf_quant_config.json records it itself). Torch-free."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import re
 
 DATA_COMMENT = re.compile(r"^<!-- quantize calibration data: (\{.*\}) -->$", re.M)
+METHOD_COMMENT = re.compile(r"^<!-- quantize weights method: (\{.*\}) -->$", re.M)
 
 
 def data_comment(data: dict) -> str:
@@ -24,3 +28,19 @@ def read_data_comment(text: str) -> dict | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) and record.get("spec") else None
+
+
+def method_comment(method: dict) -> str:
+    """The comment line for the weights method (``{"rounding": "gptq", "smooth": "awq"}``, defaults left out)."""
+    keep = {k: str(v) for k, v in method.items() if k in ("rounding", "smooth") and v not in (None, "none", "nearest")}
+    return f"<!-- quantize weights method: {json.dumps(keep, sort_keys=True)} -->"
+
+
+def read_method_comment(text: str) -> dict | None:
+    """The weights method in card `text` (``{}``: round to nearest, no smoothing), or None when the card has no record."""
+    found = METHOD_COMMENT.search(text)
+    try:
+        record = json.loads(found.group(1)) if found else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None

@@ -18,7 +18,7 @@ from ..modules.classify import EMBEDDING, LINEAR, classify
 from ..modules.recipe import load_recipe
 from ..algorithms import MIXED_PRECISION
 from ..problems import ERROR
-from .readback import check_finite, compare_with_source, read_index
+from .readback import check_finite, compare_as_made, read_index
 from .ct_config import PRESETS
 from .ct_mixed import LINEAR_TARGET, group_of, group_targets
 
@@ -96,7 +96,19 @@ def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None
     check_finite(tensors, res)
     if source:
         recipe = load_recipe(None, config.get("model_type"))
-        compare_with_source(source, quantized, scheme_of, recipe, res)
+        compare_as_made(source, _card_method(path) or {}, quantized, scheme_of, recipe, res)
+
+
+def _card_method(path: str) -> dict | None:
+    """The ``--rounding`` / ``--smooth`` the card records (calibration/record.py; config.json has no field
+    for it), None when the folder has no card or the card no record (then: round to nearest)."""
+    from ..calibration.record import read_method_comment
+
+    try:
+        with open(os.path.join(path, "README.md"), encoding="utf-8", errors="replace") as f:
+            return read_method_comment(f.read(1 << 20))
+    except OSError:
+        return None
 
 
 def _per_element(w: TensorInfo) -> int:

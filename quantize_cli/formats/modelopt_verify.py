@@ -18,7 +18,7 @@ from ..problems import ERROR, WARNING
 from ..schemes import SCHEMES, Scheme, scheme_for_quant_algo as scheme_for
 from .modelopt_documents import flat_quantization_config
 from .modelopt_exclusions import verify_exclusions
-from .readback import QUANT_LEAVES, VerifyResult, check_finite, compare_with_source, load_json_checked, read_index
+from .readback import QUANT_LEAVES, VerifyResult, check_finite, compare_as_made, load_json_checked, read_index
 
 MIXED = "MIXED_PRECISION"
 
@@ -209,38 +209,14 @@ def verify_modelopt(path: str, res: VerifyResult, source: str | None, served_mix
             res.add(ERROR, "mixed-listed", mod, f"{mod}: in quantized_layers as {layers[mod].get('quant_algo')} but has no quantized tensors")
     _check_shared_scales(mods, recipe, scheme_of, tensors, res)
     check_finite(tensors, res)
-    smoothed, gptq = smoothing_of(nested), rounding_of(nested) == "gptq"
-    if source and smoothed:
-        res.source_note = smoothed_note(smoothed)
-    elif source:
+    if source:
         searched = (nested.get("converter") or {}).get("scale_search", "none") != "none"
-        if gptq:
-            res.source_note = GPTQ_NOTE
-        compare_with_source(source, quantized, scheme_of, recipe, res, searched, floors=not gptq)
+        compare_as_made(source, _method(nested), quantized, scheme_of, recipe, res, searched)
 
 
 def _method(nested: dict) -> dict:
+    """The weights method convert records in hf_quant_config.json (converter.weights.method; {} when none)."""
     return (((nested.get("converter") or {}).get("weights") or {}).get("method") or {})
-
-
-def smoothing_of(nested: dict) -> str | None:
-    """The --smooth method recorded by convert (converter.weights), None when the weights were not smoothed."""
-    method = _method(nested).get("smooth", "none")
-    return None if method in (None, "none") else str(method)
-
-
-def rounding_of(nested: dict) -> str:
-    """The --rounding recorded by convert (``nearest`` when none is recorded)."""
-    return str(_method(nested).get("rounding") or "nearest")
-
-
-def smoothed_note(method: str) -> str:
-    return (f"weights smoothed (--smooth {method}): norms and weights were rescaled per channel, so a quantized weight is not "
-            "comparable with the source's (the model's function is); not compared. Compare outputs with `quantize eval`")
-
-
-GPTQ_NOTE = ("rounded by GPTQ (--rounding gptq), which lowers the layers' output error on the calibration data at the cost of "
-             "weight error: the weight SQNR is shown but not held to the floors. Compare outputs with `quantize eval`")
 
 
 def _input_scales(nested: dict, scheme: Scheme) -> str | None:

@@ -142,6 +142,28 @@ def check_finite(tensors: dict[str, TensorInfo], res: VerifyResult) -> None:
                 break
 
 
+def smoothed_note(method: str) -> str:
+    return (f"weights smoothed (--smooth {method}): norms and weights were rescaled per channel, so a quantized weight is not "
+            "comparable with the source's (the model's function is); not compared. Compare outputs with `quantize eval`")
+
+
+GPTQ_NOTE = ("rounded by GPTQ (--rounding gptq), which lowers the layers' output error on the calibration data at the cost of "
+             "weight error: the weight SQNR is shown but not held to the floors. Compare outputs with `quantize eval`")
+
+
+def compare_as_made(src: str, method: dict, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False) -> None:
+    """``verify --source`` as the weights were made (`method`: the recorded ``--rounding`` / ``--smooth``,
+    from hf_quant_config.json or, for compressed-tensors, the card): smoothed weights are not compared
+    (they differ from the source by design), GPTQ's are compared without the floors, others with them."""
+    smooth, rounding = method.get("smooth") or "none", method.get("rounding") or "nearest"
+    if smooth != "none":
+        res.source_note = smoothed_note(str(smooth))
+        return
+    if rounding == "gptq":
+        res.source_note = GPTQ_NOTE
+    compare_with_source(src, quantized, scheme_of, recipe, res, searched, floors=rounding != "gptq")
+
+
 def compare_with_source(src: str, quantized, scheme_of, recipe, res: VerifyResult, searched: bool = False,
                         floors: bool = True) -> None:
     """Per quantized weight: SQNR against the source; under the algorithm's floor an error, far under the

@@ -121,19 +121,21 @@ def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: st
 
 def calibration_facts(plan) -> dict | None:
     """The card's calibration facts, from the scales the bytes were written with (plan.act_scales)."""
+    weights = getattr(plan, "weights", None)  # --rounding gptq / --smooth: the weights were chosen on calibration data
+    method = (weights.request.get("method") or {}) if weights is not None else {}
+    # what verify --source needs to know of the weights (a comment: compressed-tensors has no field for it)
+    chosen = {"method": method} if weights is not None else {}
     cal = plan.act_scales
     if cal is not None:
         data = cal.meta.get("data") or {}
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax), "data": data}
-    weights = getattr(plan, "weights", None)  # --rounding gptq / --smooth: the weights were chosen on calibration data
+                "tokens": data.get("tokens"), "modules": len(cal.input_amax), "kv_scales": len(cal.kv_amax), "data": data, **chosen}
     data = getattr(weights, "data", None)
     if data:
-        method = weights.request.get("method") or {}
         how = " and ".join(w for w in ("GPTQ rounding" if method.get("rounding") == "gptq" else None,
                                        f"{method.get('smooth')} smoothing" if method.get("smooth", "none") != "none" else None) if w)
         return {"calibrated": True, "dataset": data.get("spec"), "samples": data.get("samples"), "seq_len": data.get("seq_len"),
-                "tokens": data.get("tokens"), "weights": how or "the weights", "data": data}
+                "tokens": data.get("tokens"), "weights": how or "the weights", "data": data, **chosen}
     from ..algorithms import static_input_scale
 
     # the activation scale each static algorithm assumes (ModelOpt's input_scale; compressed-tensors
@@ -348,9 +350,11 @@ def _calibration_section(cal: dict | None) -> list[str]:
         lines.append(f"Calibrated on `{cal.get('dataset')}`: {', '.join(w for w in what if w) or 'scales'} from "
                      f"{cal.get('samples')} sample(s) of at most {cal.get('seq_len')} token(s)"
                      + (f" ({cal.get('tokens')} tokens)." if cal.get("tokens") else "."))
-        from ..calibration.record import data_comment
+        from ..calibration.record import data_comment, method_comment
 
         lines += ["", data_comment(cal.get("data") or {})]
+        if "method" in cal:
+            lines.append(method_comment(cal["method"]))
     else:
         value = cal.get("input_scale")
         inverse = " (compressed-tensors NVFP4 stores its inverse as `input_global_scale`)" if cal.get("inverse_stored") else ""

@@ -8,7 +8,8 @@ it, so it turns into an XPASS error the moment the last fix lands; then the entr
 
 Labels: ``35.N`` is issue 35's item N, ``35.MN`` a defect the matrix found (M1-M3 by the first
 array, M4 onwards by the second: test_algorithms.py). Issue 23's 1-9, issue 35's 2, 3, 5, 12 and
-the matrix's own M1-M3 (tests/test_interactions.py reproduces each) are fixed: a cell that fails on
+the matrix's own M1-M3 (tests/test_interactions.py reproduces each) and M4 (verify --source of a compressed-tensors
+output made with GPTQ / smoothing: the card records the method, test_algorithms.py's cells) are fixed: a cell that fails on
 them now is a regression.
 """
 
@@ -17,15 +18,10 @@ from __future__ import annotations
 import pytest
 
 
-# Issue 23's 1-9, the matrix's M1-M3 and issue 35's 2, 3, 5, 12 (calibration/stage.py) are fixed. A defect
+# Issue 23's 1-9, the matrix's M1-M4 and issue 35's 2, 3, 5, 12 (calibration/stage.py) are fixed. A defect
 # found later gets an entry here, ``"label": ("what fails", lambda o: <the options it touches>)``; `o` is a
 # cell's options (either array's factor names: read them with .get) or a scenario's.
 _DEFECTS: dict = {
-    "35.M4": ("`verify --source` of a compressed-tensors output made with --rounding gptq / --smooth holds its weights to the "
-              "round-to-nearest SQNR floors and says nothing of the method (exit 1 where smoothing moved them below a floor): "
-              "only ModelOpt's hf_quant_config.json records the method (formats/modelopt_verify.py), config.json does not",
-              lambda o: o.get("format") == "compressed-tensors" and (o.get("rounding", "nearest") != "nearest"
-                                                                     or o.get("smooth", "none") != "none")),
 }
 
 
