@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 # one CPU thread, GPTQ's CPU lazy update in 64-row tiles (session 7).
 # 3: each block calibrated with its own mask and rotary table (sliding-window layers: Gemma 2/3), smoothing
 # folded into (1 + w) norms (session 8, issue 37; the bytes of Llama-like models are unchanged).
-NUMERICS_VERSION = 3
+# 4: GPTQ solves with its Hessian's off-diagonal halved (calibration/gptq.py SHRINK; session 9, issue 37).
+NUMERICS_VERSION = 4
 CONVERTER = f"{__version__}+numerics.{NUMERICS_VERSION}"
 
 

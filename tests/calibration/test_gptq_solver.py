@@ -24,11 +24,15 @@ def _problem(n: int, k: int, seed: int, tokens: int = 256) -> tuple[torch.Tensor
     return w, x.t() @ x / tokens
 
 
-def _reference(w: torch.Tensor, h: torch.Tensor, grid, order: list[int], damp: float = gptq.DAMP) -> torch.Tensor:
+def _reference(w: torch.Tensor, h: torch.Tensor, grid, order: list[int], damp: float = gptq.DAMP,
+               shrink: float = gptq.SHRINK) -> torch.Tensor:
     """GPTQ as its objective reads, column by column in fp64: round column j, spread its error over the
-    columns still unrounded with the inverse Hessian, then remove j from the inverse (Schur complement)."""
+    columns still unrounded with the inverse Hessian, then remove j from the inverse (Schur complement).
+    The Hessian's off-diagonal is first scaled by ``1 - shrink`` (gptq.SHRINK), then damped."""
     W = w.double().clone()
     H = h.double().clone()
+    diag = H.diagonal().clone()
+    H.mul_(1 - shrink).diagonal().copy_(diag)
     H.diagonal().add_(damp * H.diagonal().mean())
     Hinv = torch.linalg.inv(H)
     left = list(order)
@@ -47,17 +51,35 @@ def _reference(w: torch.Tensor, h: torch.Tensor, grid, order: list[int], damp: f
 @pytest.mark.parametrize("algo", ["W4A16_NVFP4", "INT8", "INT4", "FP8_PER_CHANNEL_PER_TOKEN"])
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_solver_equals_plain_reference(algo, act_order, seed):
+@pytest.mark.parametrize("shrink", [gptq.SHRINK, 0.0])
+def test_solver_equals_plain_reference(algo, act_order, seed, shrink):
     scheme = SCHEMES[algo]
     w, h = _problem(8, {"W4A16_NVFP4": 32, "INT4": 256}.get(algo, 16), seed)  # INT4: two 128-groups
     grid = fixed_grid(scheme, w, None)
-    sol = gptq.solve(w, h, [grid], block=8, act_order=act_order)  # blocks of 8: the lazy batch update runs too
+    sol = gptq.solve(w, h, [grid], block=8, act_order=act_order, shrink=shrink)  # blocks of 8: the lazy batch update runs too
     order = torch.argsort(torch.diagonal(h), descending=True, stable=True).tolist() if act_order else list(range(w.shape[1]))
     ref_grid = fixed_grid(scheme, w, None)
-    ref = _reference(w, h, ref_grid, order)
+    ref = _reference(w, h, ref_grid, order, shrink=shrink)
     assert torch.equal(grid.codes, ref_grid.codes), "GPTQ chose other codes than the plain reference"
     torch.testing.assert_close(sol.values.double(), ref, rtol=0, atol=0)
     assert sol.error < sol.rtn_error  # the objective: lower H-weighted output error than round-to-nearest
+
+
+def test_shrink_is_plain_gptq_on_the_shrunk_hessian_and_the_objective_reads_the_measured_one():
+    """gptq.SHRINK only changes the Hessian the solver uses (its off-diagonal times 1 - shrink); the
+    reported objective stays tr(D H D^T) with the measured H, so the two runs' errors are comparable."""
+    scheme = SCHEMES["W4A16_NVFP4"]
+    w, h = _problem(16, 64, 7)
+    shrunk = h * (1 - gptq.SHRINK)
+    shrunk.diagonal().copy_(h.diagonal())
+    a, b, plain = (fixed_grid(scheme, w, None) for _ in range(3))
+    sa = gptq.solve(w, h, [a])
+    sb = gptq.solve(w, shrunk, [b], shrink=0.0)
+    sp = gptq.solve(w, h, [plain], shrink=0.0)
+    assert torch.equal(a.codes, b.codes) and not torch.equal(a.codes, plain.codes)
+    assert sa.error == gptq.output_error(w, sa.values, h) and sa.rtn_error == sp.rtn_error
+    with pytest.raises(ValueError, match="shrink"):
+        gptq.solve(w, h, [fixed_grid(scheme, w, None)], shrink=1.0)
 
 
 @pytest.mark.parametrize("algo", MODELOPT)
