@@ -84,7 +84,7 @@ def public_source(plan, base_model: str | None = None) -> tuple[str | None, str]
 
 def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: str | None = None, verify_result=None) -> dict:
     """The facts of `plan`'s output, made by `identity` into `dst` (`repo`: where it is pushed)."""
-    from ..modules.classify import LINEAR
+    from ..modules.classify import LINEAR, ROUTER
 
     def algo_of(module: str) -> str:  # mixed precision: each module's own algorithm
         return plan.scheme_of(module).algo
@@ -111,7 +111,9 @@ def card_facts(plan, identity, dst: str, repo: str | None = None, base_model: st
         "algos": algos,
         "quant_algo": MIXED_PRECISION if len(algos) > 1 else plan.scheme.quant_algo,
         "kv_cache_dtype": plan.kv_cache_dtype,
-        "excluded": [{"module": m.name, "reason": m.reason} for m in plan.modules.values() if m.kind == LINEAR and not m.quantize],
+        # every Linear-shaped weight kept in the source dtype, MoE routers included (exclude_modules names them too)
+        "excluded": [{"module": m.name, "reason": m.reason} for m in plan.modules.values()
+                     if m.kind in (LINEAR, ROUTER) and not m.quantize],
         "exclude_modules": list(plan.exclude_modules),
         "calibration": calibration_facts(plan),
         "verify": verify_summary(verify_result, algo_of) if verify_result is not None else None,

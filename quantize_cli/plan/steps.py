@@ -212,6 +212,10 @@ def check_options(opts: ConvertOptions) -> Checked:
     return Checked(budget, fmt, not local_src)
 
 
+# Warnings of a draft plan (GPTQ / smoothing) that the stage's calibration forward answers.
+STAGE_PROVIDES = ("uncalibrated", "search-data-free")
+
+
 def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> Plan:
     """Resolve SRC (calibrating first when asked, on `device`) and plan from its headers.
 
@@ -229,7 +233,8 @@ def make_plan(opts: ConvertOptions, ok: Checked, con: Console, device="cpu") -> 
         if step is None:
             return _prepare(opts, ok, doc, weights)
         # the stage's forward calibrates what the draft would write with constants (as `check --calib-data` says)
-        return replace(draft, transform=step, findings=[f for f in draft.findings if f.code != "uncalibrated"])
+        # and weights the scale search by the activations it sees: neither warning applies to the final plan
+        return replace(draft, transform=step, findings=[f for f in draft.findings if f.code not in STAGE_PROVIDES])
     algos = [opts.algo] + [rule.scheme.algo for rule in parse_algo_for(opts.algo_for, ok.format)]
     doc = _scales(opts.src, algos, opts.calib_data, opts.calib_samples, opts.calib_seq_len, opts.act_scales, device,
                   ok.budget, opts.revision, opts.quiet, opts.low_disk, opts.recipe, con, opts.dry_run, _kv(opts.kv_cache_dtype) == "fp8",

@@ -300,3 +300,15 @@ def test_smoothing_never_rewrites_an_excluded_module(tmp_path, llama, method):
     assert len(kept) == 15
     for name in kept:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_gptq_with_the_search_does_not_warn_that_the_search_is_data_free(llama, tmp_path):
+    """The draft plan (before the stage's forward) has no scales yet, so its scale search looked data-free:
+    `--rounding gptq --scale-search mse --calib-data` warned "without calibration data" though the forward
+    weights the search. The final plan's warnings are the ones said."""
+    src, data = llama
+    r = CliRunner().invoke(main, ["convert", src, "-o", str(tmp_path / "o"), "--algo", "W4A16_NVFP4", "--rounding", "gptq",
+                                  "--scale-search", "mse", "--calib-data", data, "--device", "cpu", "--report", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert "without calibration data" not in r.output
+    assert not any("without calibration data" in w for w in json.load(open(tmp_path / "r.json"))["warnings"])

@@ -321,7 +321,7 @@ def kept_linears(out: Output, source: str) -> list[str]:
 
 def check_kept(out: Output, fmt: str, source: str, problems: list) -> None:
     """What stays unquantized: the source's bytes, every exclusion list naming exactly those modules, and the
-    card's "Kept unquantized" table listing the kept Linears (routers, like embeddings and norms, unlisted)."""
+    card's "Kept unquantized" table listing the kept Linears, MoE routers included (embeddings and norms unlisted)."""
     src, quantized, kept = source_tensors(source), algos_in_bytes(out), kept_linears(out, source)
     changed = [m for m in source_weights(source) if m not in quantized
                and not (f"{m}.weight" in out.tensors and same_bytes(out.tensors[f"{m}.weight"], src[f"{m}.weight"]))]
@@ -338,7 +338,7 @@ def check_kept(out: Output, fmt: str, source: str, problems: list) -> None:
     if not out.card:  # check_card says so where one is due (DST.eval-failed has none yet)
         return
     table = re.findall(r"^\| `([^`]+)` \| ", section(out.card, "Kept unquantized"), re.M)
-    want = [m for m in kept if not m.endswith(ROUTERS)]
+    want = sorted(kept)
     if sorted(table) != want:
         problems.append(f"card: Kept unquantized lists {sorted(table)[:4]}, the bytes keep {want[:4]}")
     m = re.search(r"(\d+) Linear layer\(s\) keep the source dtype", out.card)
