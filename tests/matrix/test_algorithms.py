@@ -75,9 +75,10 @@ def test_cell(cell, tmp_path, algo_references):
         assert r.exit_code == 0, f"calibrate: {r.stderr or r.output}"
     args = [*cell.args(dst, scales), "--report", report]
     if o["path"] == "interrupted":
+        # >= 2: the interrupt is raised in the journaling thread; another writer may journal one more unit first
         with interrupted_after(2) as journaled:
             first = invoke(*args)
-        assert first.exit_code == 130 and not os.path.exists(dst) and (tmp_path / ".out.partial").is_dir() and journaled[0] == 2, \
+        assert first.exit_code == 130 and not os.path.exists(dst) and (tmp_path / ".out.partial").is_dir() and journaled[0] >= 2, \
             f"interrupted run: exit {first.exit_code}, DST {os.path.exists(dst)}, {journaled[0]} journaled: {first.stderr[-300:]}"
         args.append("--resume")
     r = invoke(*args)
