@@ -20,14 +20,20 @@ def data_comment(data: dict) -> str:
     return f"<!-- quantize calibration data: {json.dumps(keep, sort_keys=True)} -->"
 
 
-def read_data_comment(text: str) -> dict | None:
-    """The record in card `text`, or None."""
-    found = DATA_COMMENT.search(text)
+def _read(pattern: re.Pattern, text: str) -> dict | None:
+    """The JSON object of `pattern`'s comment in `text`, or None (absent or malformed)."""
+    found = pattern.search(text)
     try:
         record = json.loads(found.group(1)) if found else None
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("spec") else None
+    return record if isinstance(record, dict) else None
+
+
+def read_data_comment(text: str) -> dict | None:
+    """The data record in card `text`, or None."""
+    record = _read(DATA_COMMENT, text)
+    return record if record and record.get("spec") else None
 
 
 def method_comment(method: dict) -> str:
@@ -38,9 +44,4 @@ def method_comment(method: dict) -> str:
 
 def read_method_comment(text: str) -> dict | None:
     """The weights method in card `text` (``{}``: round to nearest, no smoothing), or None when the card has no record."""
-    found = METHOD_COMMENT.search(text)
-    try:
-        record = json.loads(found.group(1)) if found else None
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return _read(METHOD_COMMENT, text)

@@ -113,3 +113,32 @@ def gemma3_model(seed: int = 0, hidden: int = 64, intermediate: int = 128, windo
 
 def gemma3(folder: str, seed: int = 0, **kw) -> str:
     return save(gemma3_model(seed, **kw), folder)
+
+
+def fold_random_scales_keeps_logits(model, ids: list[int], check_maps=lambda maps, folded: None) -> dict:
+    """Fold random positive scales (0.2..3.2) into every decoder block of the fp32 `model` along
+    ``smooth.mappings(block, "awq")`` and assert the logits of `ids` unchanged (and the first norm
+    changed). `check_maps(maps, folded_tensors)` sees each block's mappings and the tensors the fold
+    wrote. Returns the state dict before the fold."""
+    from quantize_cli.calibration import smooth
+
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        before = model(input_ids=tokens).logits
+    g = torch.Generator().manual_seed(0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for i, block in enumerate(model.model.layers):
+        maps = smooth.mappings(block, "awq", model.config.num_attention_heads)
+        fold = smooth.Fold(block, f"model.layers.{i}", lambda name: state[name].clone())
+        for m in maps:
+            mod = smooth._get(block, m.prev)
+            n = mod.out_features if isinstance(mod, torch.nn.Linear) else mod.weight.numel()
+            fold.add(m, torch.rand(n, generator=g) * 3 + 0.2)
+        folded = fold.tensors()
+        check_maps(maps, folded)
+        model.load_state_dict({**model.state_dict(), **folded})
+    with torch.no_grad():
+        after = model(input_ids=tokens).logits
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(model.model.layers[0].input_layernorm.weight, state["model.layers.0.input_layernorm.weight"])
+    return state

@@ -86,25 +86,12 @@ def test_smoothing_fold_preserves_gemmas_function(gemma):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(gemma, dtype=torch.float32).eval()
-    ids = torch.tensor([SAMPLES[0]])
-    with torch.no_grad():
-        before = model(input_ids=ids).logits
-    g = torch.Generator().manual_seed(0)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    for i, block in enumerate(model.model.layers):
-        maps = smooth.mappings(block, "awq", model.config.num_attention_heads)
+
+    def check(maps, folded):
         assert [(m.prev, m.offset) for m in maps] == [("input_layernorm", 1.0), ("self_attn.v_proj", 0.0),
                                                       ("pre_feedforward_layernorm", 1.0), ("mlp.up_proj", 0.0)]
-        fold = smooth.Fold(block, f"model.layers.{i}", lambda name: state[name].clone())
-        for m in maps:
-            mod = smooth._get(block, m.prev)
-            n = mod.out_features if isinstance(mod, torch.nn.Linear) else mod.weight.numel()
-            fold.add(m, torch.rand(n, generator=g) * 3 + 0.2)
-        model.load_state_dict({**model.state_dict(), **fold.tensors()})
-    with torch.no_grad():
-        after = model(input_ids=ids).logits
-    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
-    assert not torch.equal(model.model.layers[0].input_layernorm.weight, state["model.layers.0.input_layernorm.weight"])
+
+    builders.fold_random_scales_keeps_logits(model, SAMPLES[0], check)
 
 
 def test_norm_offset_reads_the_module():

@@ -129,37 +129,14 @@ def test_smoothing_preserves_the_function(tmp_path):
     """Folding any positive scales into norms and weights leaves the fp32 model's logits unchanged."""
     from transformers import AutoModelForCausalLM
 
-    from quantize_cli.calibration import smooth
-
     src = builders.llama(str(tmp_path / "src"))
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    ids = torch.tensor([SAMPLES[0]])
-    with torch.no_grad():
-        before = model(input_ids=ids).logits
-    g = torch.Generator().manual_seed(0)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    for i, block in enumerate(model.model.layers):
-        prefix = f"model.layers.{i}"
-        maps = smooth.mappings(block, "awq", model.config.num_attention_heads)
+
+    def check(maps, folded):
         assert [m.prev for m in maps] == ["input_layernorm", "self_attn.v_proj", "post_attention_layernorm", "mlp.up_proj"]
-        fold = smooth.Fold(block, prefix, lambda name: state[name].clone())
-        for m in maps:
-            n = _get_out(block, m.prev)
-            fold.add(m, torch.rand(n, generator=g) * 3 + 0.2)
-        new = fold.tensors()
-        assert len(new) == 9  # 2 norms, q k v o gate up down
-        model.load_state_dict({**model.state_dict(), **new})
-    with torch.no_grad():
-        after = model(input_ids=ids).logits
-    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
-    assert not torch.equal(model.model.layers[0].input_layernorm.weight, state["model.layers.0.input_layernorm.weight"])
+        assert len(folded) == 9  # 2 norms, q k v o gate up down
 
-
-def _get_out(block, path):
-    mod = block
-    for p in path.split("."):
-        mod = getattr(mod, p)
-    return mod.out_features if isinstance(mod, torch.nn.Linear) else mod.weight.numel()
+    builders.fold_random_scales_keeps_logits(model, SAMPLES[0], check)
 
 
 @pytest.mark.parametrize("method", ["awq", "smoothquant"])

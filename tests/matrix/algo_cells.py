@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 from quantize_cli.algorithms import ALGORITHMS
 
@@ -105,19 +106,10 @@ def allowed(row: dict) -> bool:
 
 
 @dataclass(frozen=True)
-class Cell:
-    """One row of the second array; ``id`` names every value that is not the baseline's."""
+class Cell(cells.Row):
+    """One row of the second array."""
 
-    row: tuple
-
-    @property
-    def o(self) -> dict:
-        return dict(self.row)
-
-    @property
-    def id(self) -> str:
-        o = self.o
-        return "-".join([o["algo"]] + [f"{k}={v}" for k, v in o.items() if k != "algo" and v != BASE[k]])
+    base: ClassVar[dict] = BASE
 
     @property
     def src(self) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 from . import pairwise
 from .support import CALIB
@@ -182,10 +183,12 @@ def calibrated(o: dict) -> bool:
 
 
 @dataclass(frozen=True)
-class Cell:
-    """One row of the matrix; ``id`` names every value that is not the baseline's."""
+class Row:
+    """One row of a covering array (this one or algo_cells.py's); ``id`` names its algorithm and every
+    other value that is not the array's baseline (``base``)."""
 
-    row: tuple  # ((factor, value), ...) in FACTORS order
+    row: tuple  # ((factor, value), ...) in the array's FACTORS order
+    base: ClassVar[dict] = {}
 
     @property
     def o(self) -> dict:
@@ -194,7 +197,14 @@ class Cell:
     @property
     def id(self) -> str:
         o = self.o
-        return "-".join([o["algo"]] + [f"{k}={v}" for k, v in o.items() if k != "algo" and v != BASE[k]]) or "base"
+        return "-".join([o["algo"]] + [f"{k}={v}" for k, v in o.items() if k != "algo" and v != self.base[k]])
+
+
+@dataclass(frozen=True)
+class Cell(Row):
+    """One row of the matrix."""
+
+    base: ClassVar[dict] = BASE
 
     @property
     def refused(self) -> list[Refusal]:

@@ -335,7 +335,7 @@ def check_kept(out: Output, fmt: str, source: str, problems: list) -> None:
         wrong = sorted(m for m in quantized if listed(m, entries))
         if missing or wrong:
             problems.append(f"kept: {where} misses kept {missing[:3]} / names quantized {wrong[:3]}")
-    if not out.card:  # check_card says so where one is due (DST.eval-failed has none yet)
+    if not out.card:  # check_card says so where one is due
         return
     table = re.findall(r"^\| `([^`]+)` \| ", section(out.card, "Kept unquantized"), re.M)
     want = sorted(kept)

@@ -104,10 +104,10 @@ def test_cell(cell, tmp_path, algo_references):
     check_config(out, fmt, False, "plain", False, problems, source=model)
     check_scales(out, fmt, want, None, None, False, problems)  # no static input scale, no KV scale
     words = " ".join((["GPTQ"] if o["rounding"] == "gptq" else []) + ([o["smooth"]] if o["smooth"] != "none" else []))
-    if o["eval"] != "fail":  # the card is written once the gate passed: DST.eval-failed is kept for inspection only
-        check_card(out, fmt, False, "plain", False, cell.card_flags(scales), problems, transform=words or None)
-        if o["layout"] == "plain":
-            check_serve_lines(out.card, dst, False, "plain", problems)
+    # the card is written before --eval: DST.eval-failed (a failed gate) has it too
+    check_card(out, fmt, False, "plain", False, cell.card_flags(scales), problems, transform=words or None)
+    if o["layout"] == "plain":
+        check_serve_lines(out.card, dst, False, "plain", problems)
     doc = json.load(open(report))
     as_first = {**o, "kv": "none", "scale_search": "none", "algo_for": "none", "verify": "off", "push": "off",
                 "calibration": "act-scales" if o["path"] == "calibrate" else "calib-data"}  # the first array's names (reports.py)
