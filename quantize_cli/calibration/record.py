@@ -8,6 +8,7 @@ hf_quant_config.json records it itself). Torch-free."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 DATA_COMMENT = re.compile(r"^<!-- quantize calibration data: (\{.*\}) -->$", re.M)
@@ -45,3 +46,13 @@ def method_comment(method: dict) -> str:
 def read_method_comment(text: str) -> dict | None:
     """The weights method in card `text` (``{}``: round to nearest, no smoothing), or None when the card has no record."""
     return _read(METHOD_COMMENT, text)
+
+
+def from_card(folder: str, reader) -> dict | None:
+    """`reader` (:func:`read_data_comment`, :func:`read_method_comment`) applied to `folder`'s README.md;
+    None when there is no card."""
+    try:
+        with open(os.path.join(folder, "README.md"), encoding="utf-8", errors="replace") as f:
+            return reader(f.read(1 << 20))
+    except OSError:
+        return None

@@ -79,13 +79,9 @@ def calibration_record(path: str) -> dict | None:
 def _card_record(path: str) -> dict | None:
     """The calibration data the card records (output/card.py's DATA_COMMENT): compressed-tensors
     outputs and GPTQ / smoothed weights, whose documents have no calibration block."""
-    from ..calibration.record import read_data_comment
+    from ..calibration.record import from_card, read_data_comment
 
-    try:
-        with open(os.path.join(path, "README.md"), encoding="utf-8", errors="replace") as f:
-            return read_data_comment(f.read(1 << 20))
-    except OSError:
-        return None
+    return from_card(path, read_data_comment)
 
 
 def overlap(eval_samples: list[list[int]], calib_samples: list[list[int]], n: int = NGRAM) -> float:

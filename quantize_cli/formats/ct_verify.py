@@ -102,13 +102,9 @@ def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None
 def _card_method(path: str) -> dict | None:
     """The ``--rounding`` / ``--smooth`` the card records (calibration/record.py; config.json has no field
     for it), None when the folder has no card or the card no record (then: round to nearest)."""
-    from ..calibration.record import read_method_comment
+    from ..calibration.record import from_card, read_method_comment
 
-    try:
-        with open(os.path.join(path, "README.md"), encoding="utf-8", errors="replace") as f:
-            return read_method_comment(f.read(1 << 20))
-    except OSError:
-        return None
+    return from_card(path, read_method_comment)
 
 
 def _per_element(w: TensorInfo) -> int:
