@@ -5,7 +5,9 @@
 # py-spy profile of every thread (carry .whl-prof with py-spy's wheel; optional).
 #   OUT=/tmp/out bash bench/pipeline_profile.sh [ALGO ...]        # default FP8_PB_WO NVFP4 INT8
 # Env: SRC (default /tmp/e2e/src, made by bench/e2e.py's make_checkpoint when absent), DST_DIR,
-# BUDGET (--memory-budget, default 4GB), EXTRA (more convert options), PYSPY=0 to skip the profile.
+# BUDGET (--memory-budget, default 4GB), EXTRA (more convert options), PYSPY=0 to skip the profile,
+# TIMELINE=1 to run each conversion and each floor under bench/disk_timeline.py (when the disk writes:
+# OUT/timeline-{ALGO,floor-ALGO}.json and its table in the output).
 # Before/after a change, side by side with the peer: bench/e2e.py --baseline DIR.
 # Python source is compiled once to a bytecode cache first, as a pip install does: the GPU machines
 # ship torch without .pyc files and write none, which costs every process ~6 s of compiling.
@@ -21,15 +23,19 @@ if ls .whl-prof/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/prof-site .whl-prof/*.whl && PYSPY_BIN=/tmp/prof-site/bin/py-spy
 fi
 t() { local s; s=$(date +%s.%N); "$@"; python3 -c "print(f'{$(date +%s.%N) - $s:.2f}')"; }
+# under TIMELINE=1, `tl NAME CMD...` runs CMD sampled by bench/disk_timeline.py (its table to stderr, kept in OUT)
+tl() { local name=$1; shift; if [ "${TIMELINE:-0}" = 1 ]; then python3 bench/disk_timeline.py --path "$DST_DIR" \
+  --json "$OUT/timeline-$name.json" -- "$@" > "$OUT/timeline-$name.txt" 2>&1; local rc=$?; cat "$OUT/timeline-$name.txt" >&2; return $rc
+  else "$@"; fi; }
 python3 -c "import torch, triton, safetensors, click, tqdm, xxhash, yaml, quantize_cli.cli" 2>/dev/null  # fills the bytecode cache
 echo "python -c pass: $(t python3 -c pass) s; import torch: $(t python3 -c 'import torch') s; + CUDA context: $(t python3 -c 'import torch; torch.empty(1, device="cuda")') s"
 cat "$SRC"/*.safetensors > /dev/null  # warm
 echo "read alone (cat): $(t sh -c "cat $SRC/*.safetensors > /dev/null") s for $(du -sb "$SRC" | cut -f1) bytes"
 for algo in $ALGOS; do
   dst=$DST_DIR/out-$algo
-  s=$(t sh -c "python3 -m quantize_cli convert $SRC -o $dst --algo $algo --memory-budget $BUDGET --overwrite --quiet --report $OUT/report-$algo.json $EXTRA && sync")
+  s=$(t tl "$algo" sh -c "python3 -m quantize_cli convert $SRC -o $dst --algo $algo --memory-budget $BUDGET --overwrite --quiet --report $OUT/report-$algo.json $EXTRA && sync")
   n=$(du -sb "$dst" | cut -f1)
-  f=$(t sh -c "cat $SRC/*.safetensors > /dev/null & dd if=/dev/zero of=$DST_DIR/floor.bin bs=16M count=$((n / 16777216 + 1)) conv=fsync status=none; wait")
+  f=$(t tl "floor-$algo" sh -c "cat $SRC/*.safetensors > /dev/null & dd if=/dev/zero of=$DST_DIR/floor.bin bs=16M count=$((n / 16777216 + 1)) conv=fsync status=none; wait")
   rm -f "$DST_DIR/floor.bin"
   python3 - "$OUT/report-$algo.json" "$algo" "$s" "$f" "$n" <<'PY'
 import json, sys

@@ -177,6 +177,10 @@ def convert(src, dst, quiet, debug, **options):
         raise click.UsageError("missing -o DST (or use --dry-run)")
 
     def go():
+        if not options["dry_run"]:  # before torch is imported: how pinned host buffers are made (host_memory.py)
+            from .run.host_memory import configure_pinned_allocator
+
+            configure_pinned_allocator()
         if not (options["dry_run"] or options["resume"]) and options["executor"] == "local":
             from .run import prefetch
 

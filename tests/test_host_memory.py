@@ -1,9 +1,14 @@
 """--memory-budget counts the process's own memory: in flight = budget - baseline RSS, with a floor."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import torch
 
+from quantize_cli.run import host_memory
 from quantize_cli.run.host_memory import MIN_INFLIGHT, inflight_limit, rss_bytes, warm_baseline
 
 
@@ -106,3 +111,47 @@ def test_pinned_budgets_count_the_blocks_torch_allocates():
     plain = ByteBudget(256 << 20)
     plain.acquire(117 << 20)
     assert plain.used == 117 << 20
+
+
+def test_pinned_allocator_settings_are_added_to_what_the_user_gave(monkeypatch):
+    monkeypatch.setattr(host_memory.os, "cpu_count", lambda: 6)
+    env = {}
+    assert host_memory.configure_pinned_allocator(env) == "PYTORCH_CUDA_ALLOC_CONF"
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:True,pinned_num_register_threads:4"}  # a power of two
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,pinned_num_register_threads:2"}
+    host_memory.configure_pinned_allocator(env)  # the user's own value stays; only what is missing is added
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,pinned_num_register_threads:2,pinned_use_cuda_host_register:True"
+    env = {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}  # torch reads this one first: extended, the other left alone
+    assert host_memory.configure_pinned_allocator(env) == "PYTORCH_ALLOC_CONF"
+    assert env == {"PYTORCH_ALLOC_CONF": "expandable_segments:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:4"}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False,pinned_num_register_threads:1"}
+    assert host_memory.configure_pinned_allocator(env) is None
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False,pinned_num_register_threads:1"}
+    monkeypatch.setattr(host_memory.os, "cpu_count", lambda: 64)
+    env = {}
+    host_memory.configure_pinned_allocator(env)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"].endswith("pinned_num_register_threads:8")
+
+
+def test_convert_sets_the_pinned_allocator_before_it_imports_torch(tmp_path):
+    """The CLI process asks for the settings before torch is imported (it may read them then); the
+    spy prints the variable as torch's import starts."""
+    spy = textwrap.dedent(f"""
+        import importlib.abc, os, sys
+        class Spy(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "torch":
+                    print("AT_TORCH_IMPORT", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), file=sys.stderr)
+                    sys.meta_path.remove(self)
+                return None
+        sys.meta_path.insert(0, Spy())
+        from quantize_cli.cli import main
+        sys.argv = ["quantize", "convert", "example:tiny-llama", "-o", {str(tmp_path / "out")!r}, "--algo", "FP8_PB_WO",
+                    "--device", "cpu", "--quiet"]
+        main()
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    p = subprocess.run([sys.executable, "-c", spy], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("AT_TORCH_IMPORT"))
+    assert "pinned_use_cuda_host_register:True" in line, line

@@ -21,6 +21,36 @@ MIN_INFLIGHT = 256 << 20  # in-flight floor: below it reads and writes stop over
 CUDA_CONTEXT_ESTIMATE = 512 << 20
 
 
+# torch's pinned host allocator pins each new block with cudaHostAlloc, one block at a time: on the
+# GPU machine pinning the 4 GB a default --memory-budget keeps in flight took ~2 s of the first
+# task (the read threads and the compute thread queue on the driver), and unpinning it at exit
+# 0.9 s. Allocating plain memory and registering it with CUDA from several threads (torch's own
+# settings, docs "CUDA semantics: memory management") took 0.4 s and 0.5 s (bench/teardown.py).
+PINNED_REGISTER_THREADS = 8  # at most; torch takes a power of two
+
+
+def configure_pinned_allocator(environ=None) -> str | None:
+    """Ask torch's pinned host allocator to register plain memory from several threads
+    (``pinned_use_cuda_host_register``, ``pinned_num_register_threads``), before torch is imported
+    by this process: the CLI's and the Ray workers' (processes of ours, never a library caller's).
+
+    Each setting the user has not given is added to ``PYTORCH_ALLOC_CONF`` when it is set (torch
+    reads it first), else to ``PYTORCH_CUDA_ALLOC_CONF``; a value the user gave is kept. Returns the
+    variable written, or None when nothing was added. Bytes are unaffected: only how host memory is
+    pinned."""
+    environ = os.environ if environ is None else environ
+    name = "PYTORCH_ALLOC_CONF" if environ.get("PYTORCH_ALLOC_CONF") else "PYTORCH_CUDA_ALLOC_CONF"
+    parts = [p.strip() for p in environ.get(name, "").split(",") if p.strip()]
+    given = {p.split(":", 1)[0].strip() for p in parts}
+    cap = min(PINNED_REGISTER_THREADS, os.cpu_count() or 1)
+    wanted = {"pinned_use_cuda_host_register": "True", "pinned_num_register_threads": str(1 << (cap.bit_length() - 1))}
+    missing = [f"{k}:{v}" for k, v in wanted.items() if k not in given]
+    if not missing:
+        return None
+    environ[name] = ",".join(parts + missing)
+    return name
+
+
 def rss_bytes() -> int:
     """This process's resident set size now (0 where /proc is not available)."""
     try:
@@ -108,4 +138,4 @@ def inflight_limit(budget: int, baseline: int, flag_value: str | int = "") -> tu
                    f"about {(baseline + floor) / 1e9:.1f} GB; give a budget above {(baseline + floor) / 1e9:.1f} GB to stay within it")
 
 
-__all__ = ["PinnedPool", "rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]
+__all__ = ["configure_pinned_allocator", "PINNED_REGISTER_THREADS", "PinnedPool", "rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]

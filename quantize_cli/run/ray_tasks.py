@@ -92,6 +92,9 @@ class ShardWorker:
 
     def __init__(self, device: str, cpus: int = 1):
         t0 = time.perf_counter()
+        from .host_memory import configure_pinned_allocator
+
+        configure_pinned_allocator()  # a process of ours: before its torch import (host_memory.py)
         import torch
 
         if device != "cuda":
