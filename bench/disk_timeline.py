@@ -1,12 +1,12 @@
-"""When the disk is busy during a command (issue 34): the block device's written bytes, the page
-cache's dirty and writeback bytes, and the command's CPU, sampled every few milliseconds.
+"""When the disk is busy during a command (issue 34): the block device's written and read bytes, the
+page cache's dirty and writeback bytes, and the command's CPU, sampled every few milliseconds.
 
     python bench/disk_timeline.py --path DST_DIR --json OUT.json -- quantize convert SRC -o DST ...
 
 A whole command that trails the I/O floor does so where the disk that holds ``--path`` writes less
 than it can; this shows when (start-up, steady state, the end). Prints one line per ``--bucket``
-seconds: MB the device wrote, MB dirty and under writeback at its end, and the command tree's CPU
-seconds in it; ``--json`` keeps the raw samples. Linux only (/proc/diskstats, /proc/meminfo).
+seconds: MB the device wrote, MB dirty and under writeback at its end, the command tree's CPU
+seconds and MB the device read in it; ``--json`` keeps the raw samples. Linux only (/proc/diskstats, /proc/meminfo).
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ def device_of(path: str) -> str:
     return parent if os.path.exists(f"/sys/block/{parent}") else name
 
 
-def sectors_written(dev: str) -> int:
+def sectors(dev: str) -> tuple[int, int]:
+    """(sectors read, sectors written) of `dev` so far."""
     with open("/proc/diskstats") as f:
         for line in f:
             p = line.split()
             if p[2] == dev:
-                return int(p[9])
+                return int(p[5]), int(p[9])
     raise SystemExit(f"{dev}: not in /proc/diskstats")
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     dev = a.device or device_of(a.path)
     samples = []
     t0 = time.perf_counter()
-    s0 = sectors_written(dev)
+    r0, s0 = sectors(dev)
     proc = subprocess.Popen(cmd)
     done = threading.Event()
 
@@ -89,7 +90,8 @@ def main() -> None:
         while not done.is_set():
             d, w = dirty_kb()
             cpu = max(tree_cpu_s(proc.pid), samples[-1][4] if samples else 0.0)  # 0 once it has exited
-            samples.append((time.perf_counter() - t0, (sectors_written(dev) - s0) * 512, d * 1024, w * 1024, cpu))
+            r, w_ = sectors(dev)
+            samples.append((time.perf_counter() - t0, (w_ - s0) * 512, d * 1024, w * 1024, cpu, (r - r0) * 512))
             time.sleep(a.every)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -102,15 +104,17 @@ def main() -> None:
     done.set()
     th.join()
     total = samples[-1][1] if samples else 0
-    print(f"device {dev}: command exit {t_exit:.2f} s (rc {rc}), + sync {t_sync:.2f} s, {total / 1e9:.2f} GB written")
-    print("  t_end s | MB written | MB/s | dirty MB | writeback MB | cpu s")
-    edge, prev_b, prev_c = a.bucket, 0, 0.0
+    read = samples[-1][5] if samples else 0
+    print(f"device {dev}: command exit {t_exit:.2f} s (rc {rc}), + sync {t_sync:.2f} s, {total / 1e9:.2f} GB written, "
+          f"{read / 1e9:.2f} GB read")
+    print("  t_end s | MB written | MB/s | dirty MB | writeback MB | cpu s | MB read")
+    edge, prev_b, prev_c, prev_r = a.bucket, 0, 0.0, 0
     last = None
-    for s in samples + [(float("inf"), 0, 0, 0, 0)]:
+    for s in samples + [(float("inf"), 0, 0, 0, 0, 0)]:
         while s[0] > edge and last is not None:
             print(f"  {edge:6.2f} | {(last[1] - prev_b) / 1e6:7.0f} | {(last[1] - prev_b) / 1e6 / a.bucket:6.0f} | "
-                  f"{last[2] / 1e6:6.0f} | {last[3] / 1e6:6.0f} | {last[4] - prev_c:5.2f}")
-            prev_b, prev_c = last[1], last[4]
+                  f"{last[2] / 1e6:6.0f} | {last[3] / 1e6:6.0f} | {last[4] - prev_c:5.2f} | {(last[5] - prev_r) / 1e6:6.0f}")
+            prev_b, prev_c, prev_r = last[1], last[4], last[5]
             edge += a.bucket
             if edge > samples[-1][0] + a.bucket:
                 break
