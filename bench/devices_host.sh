@@ -6,7 +6,10 @@
 # host copy floor; to disk with conv=fsync, the write floor) and `quantize convert --device
 # cuda:0..N-1` for each N in GPUS; every output's bytes hashed against the first run's.
 #   OUT=/tmp/out LAYERS=80 GPUS="1 2 4" ALGOS="FP8_PB_WO NVFP4" bash bench/devices_host.sh
-# KIND=cpu tries the script on a machine without a GPU (cpu, cpu,cpu ...; use LAYERS=1).
+# RAY=1 also runs, for each N, `--executor ray --ray-address` against a Ray head started beforehand with
+# N GPUs (bench/ray_head.py, CUDA_VISIBLE_DEVICES=0..N-1: a joined head, as a running cluster is), its
+# output hashed against the local one (ray must be importable: bench/ray_carry.py makes .whl-ray).
+# KIND=cpu tries the script on a machine without a GPU (cpu, cpu,cpu ...; use LAYERS=1; Ray's head gets N CPUs).
 # TREES=". .base" times each checkout in turn (a `git archive` of another commit: before/after, same run;
 # the command runs with the tree as its cwd, which `python -m` puts first on sys.path).
 set -uo pipefail
@@ -18,6 +21,22 @@ python3 -c "import torch, triton, quantize_cli.cli"
 t() { local s; s=$(date +%s.%N); "$@"; python3 -c "print(f'{$(date +%s.%N) - $s:.2f}')"; }
 # the peak RSS of a command's process tree, written to the file $1 (GB)
 WRAP='import resource, subprocess, sys; rc = subprocess.run(sys.argv[2:]).returncode; open(sys.argv[1], "w").write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6:.2f}"); sys.exit(rc)'
+# `ray_run ALGO PLACE N ROOT`: a Ray head with N devices started first (not timed), then the command
+# that joins it (timed, as the local runs), its output hashed against the local run's ($ref)
+ray_run() {
+  local algo=$1 place=$2 n=$3 root=$4 where=$OUT/ray-head.address vis gpus cpus dst tag s sum
+  rm -f "$where"; vis=$(python3 -c "print(','.join(map(str, range($n))))")
+  if [ "${KIND:-cuda}" = cuda ]; then gpus=$n; cpus=""; else gpus=0; cpus="--cpus $n"; fi
+  CUDA_VISIBLE_DEVICES=$vis setsid python3 bench/ray_head.py "$where" --gpus $gpus $cpus > "$OUT/ray-head-$n.log" 2>&1 &
+  local head=$!
+  for _ in $(seq 600); do [ -s "$where" ] && break; kill -0 $head 2>/dev/null || break; sleep 0.2; done
+  if [ ! -s "$where" ]; then echo "$algo $place Ray head with $n: did not start ($(tail -1 "$OUT/ray-head-$n.log"))"; kill $head 2>/dev/null; return; fi
+  dst=$root/out-$algo-ray-$n; rm -rf "$dst"; tag=$algo-$place-ray-$n
+  s=$(t sh -c "RAY_AUTH_MODE=\${RAY_AUTH_MODE:-token} python3 -c '$WRAP' $OUT/rss-$tag python3 -m quantize_cli convert $IN_DIR -o $dst --algo $algo --executor ray --ray-address $(cat "$where") --device ${KIND:-cuda} --max-shard-size 5GB --memory-budget $BUDGET --quiet --report $OUT/r-$tag.json > $OUT/log-$tag.txt 2>&1; echo rc=\$? >> $OUT/log-$tag.txt; sync")
+  sum=$( (cat "$dst"/*.safetensors 2>/dev/null || true) | md5sum | cut -c1-10)
+  echo "$algo $place Ray joined head with $n: $s s, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), driver rss $(cat $OUT/rss-$tag 2>/dev/null) GB, $(tail -1 $OUT/log-$tag.txt)"
+  rm -rf "$dst"; kill -INT $head 2>/dev/null; sleep 1; kill $head 2>/dev/null; wait $head 2>/dev/null
+}
 s=$(t python3 bench/devices_host_input.py "$IN_DIR" "$LAYERS")
 in_bytes=$(du -sb "$IN_DIR" | cut -f1)
 echo "input $IN_DIR: $LAYERS layers, $((in_bytes / 1000000000)) GB, made in $s s; $(nproc) cores, $(nvidia-smi -L 2>/dev/null | wc -l) GPUs"
@@ -41,6 +60,7 @@ for algo in $ALGOS; do
       echo "$algo $place GPUs=$n tree=$tree: $s s, $((in_bytes / 1000000)) MB in / $((out_bytes / 1000000)) MB out, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), rss $rss GB, $(tail -1 $OUT/log-$tag.txt)"
       [ "$n" != "${GPUS##* }" ] && rm -rf "$dst"
      done
+     if [ "${RAY:-0}" = 1 ] && [ $SECONDS -le $DEADLINE ]; then ray_run "$algo" "$place" "$n" "$root"; fi
     done
     # the floor of this place: read the input while writing the output's bytes, with as many writers as GPUs at most
     n=${GPUS##* }; per=$((out_bytes / n / 16777216 + 1))

@@ -54,26 +54,13 @@ sys.exit(rc)
 """
 
 
-_HEAD = """
-import os, sys, time, ray
-ray.init(address="local", num_gpus=int(sys.argv[2]), include_dashboard=False, _system_config={"worker_niceness": 0})
-with open(sys.argv[1] + ".tmp", "w") as f:
-    f.write(ray.get_runtime_context().gcs_address)
-os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-try:
-    while True:
-        time.sleep(60)
-except KeyboardInterrupt:
-    pass
-"""
-
-
 def ray_head(a, env: dict):
     """A Ray head with one GPU (``CUDA_VISIBLE_DEVICES=0``), its output in a log file; (process, address)."""
     where = os.path.join(a.workdir, "head.address")
     if os.path.exists(where):
         os.unlink(where)
-    head = proc.start([sys.executable, "-c", _HEAD, where, "0" if a.cpu else "1"], os.path.join(a.workdir, "ray-head.log"),
+    head = proc.start([sys.executable, os.path.join(ROOT, "bench", "ray_head.py"), where, "--gpus", "0" if a.cpu else "1"],
+                      os.path.join(a.workdir, "ray-head.log"),
                       env={**env, "CUDA_VISIBLE_DEVICES": "0"})
     deadline = time.monotonic() + min(a.timeout, 120)
     while not os.path.exists(where):

@@ -390,3 +390,32 @@ def test_the_driver_imports_no_torch(sources, tmp_path):
     quantized = [t for t in report["tensors"] if "sqnr_db" in t]
     assert quantized and all(t["sqnr_db"] > 10 for t in quantized)
     assert report["ray"]["start_s"]["connect_s"] > 0 and report["ray"]["workers"][0]["warm_s"] > 0
+
+
+def test_a_cluster_that_refuses_a_driver_without_its_token_names_the_fix(tmp_path, monkeypatch):
+    """Ray >= 2.5x clusters use token authentication; a driver joining by address without
+    RAY_AUTH_MODE=token is refused (InvalidAuthToken, then a ConnectionError): the error names that fix
+    when a token is on this machine, and the usual one otherwise."""
+    from quantize_cli.run import ray_start
+
+    class RefusingRay:
+        def is_initialized(self):
+            return False
+
+        def init(self, **kwargs):
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+
+    monkeypatch.setattr(ray_start, "_reachable", lambda address: None)  # the port answers; the handshake fails
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    token = tmp_path / "auth_token"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    with pytest.raises(ray_start.RayRunError, match="start the cluster"):  # no token here: the usual fix
+        ray_start.connect(RefusingRay(), "10.0.0.1:6379")
+    token.write_text("x" * 64)
+    with pytest.raises(ray_start.RayRunError, match="export RAY_AUTH_MODE=token") as err:
+        ray_start.connect(RefusingRay(), "10.0.0.1:6379")
+    assert "cannot connect to 10.0.0.1:6379" in str(err.value) and "\n" not in str(err.value)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # already set: the token is not the problem
+    with pytest.raises(ray_start.RayRunError, match="start the cluster"):
+        ray_start.connect(RefusingRay(), "10.0.0.1:6379")

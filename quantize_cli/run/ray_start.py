@@ -144,11 +144,26 @@ def connect(ray, address: str | None) -> tuple[bool, str]:
                  configure_logging=True, **own)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError by version
         where = address or "a local instance"
+        fix = _token_hint() if address else ""
         raise RayRunError(f"--executor ray: cannot connect to {where} ({type(exc).__name__}: {first_line(exc)}); "
-                          f"start the cluster (ray start --head) or fix --ray-address") from None
+                          + (fix or "start the cluster (ray start --head) or fix --ray-address")) from None
     res = ray.cluster_resources()
     return True, (f"ray: {'joined ' + address if address else 'started a local instance'}: {len(ray.nodes())} node(s), "
                   f"{int(res.get('CPU', 0))} CPU(s), {int(res.get('GPU', 0))} GPU(s)")
+
+
+def _token_hint() -> str:
+    """The likely fix when a cluster that answers refuses to let us join: Ray >= 2.5x starts clusters
+    with token authentication, and a driver joining by address sends its token (``~/.ray/auth_token``
+    or ``RAY_AUTH_TOKEN``) only with ``RAY_AUTH_MODE=token``; without it Ray retries with
+    ``InvalidAuthToken`` warnings until it gives up. "" when the mode is set or no token is here."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return ""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path)):
+        return ""
+    return ("this machine has a Ray auth token and RAY_AUTH_MODE is unset: a cluster with token authentication (Ray "
+            ">= 2.5x) refuses the driver; export RAY_AUTH_MODE=token (docs/scale-out.md)")
 
 
 def _reachable(address: str | None, timeout_s: float = 10) -> None:
