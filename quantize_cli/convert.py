@@ -358,12 +358,10 @@ def _verify_source(opts: ConvertOptions, ok: Checked, plan: Plan) -> str | None:
 
 def _comparable(plan: Plan) -> bool:
     """Can --verify compare the weights with the source? Not smoothed ones (--smooth rescales them by
-    design); a GPTQ one in compressed-tensors neither (its documents do not record the rounding that
-    verify needs to relax the weight floors; ModelOpt's converter block does)."""
+    design). GPTQ's are, without the weight floors: the verifier is given the method (_verify_folder)."""
     from .calibration.stage import method_of
 
-    method = method_of(plan)  # the draft of a finished GPTQ / smoothing retry, or the final plan
-    return method.get("smooth", "none") == "none" and (not method or plan.format.documents_record_run)
+    return method_of(plan).get("smooth", "none") == "none"  # the draft of a finished retry, or the final plan
 
 
 def _with_hub_sidecars(plan, work, hub):
@@ -379,7 +377,7 @@ def _verify_before_publishing(work: WorkFolder, src: str | None, plan: Plan, con
     """convert --verify: `verify` (with the source when given) on the finished work folder; refuse on errors.
 
     A refused output is kept beside DST (``DST.verify-failed``) for inspection, never published as DST."""
-    res = _verify_folder(work.partial, src, plan.packing is not None)
+    res = _verify_folder(work.partial, src, plan.packing is not None, plan)
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
@@ -392,7 +390,7 @@ def _verify_before_publishing(work: WorkFolder, src: str | None, plan: Plan, con
 
 def _verify(path: str, opts: ConvertOptions, ok: Checked, plan: Plan, con: Console):
     """--verify of a finished DST (--resume after success): the same check, on DST itself."""
-    res = _verify_folder(path, _verify_source(opts, ok, plan), "layout" in (_config_block(path) or {}))
+    res = _verify_folder(path, _verify_source(opts, ok, plan), "layout" in (_config_block(path) or {}), plan)
     for f in res.warnings:
         con.warn(f"verify: {f.message}")
     if res.errors:
@@ -402,22 +400,26 @@ def _verify(path: str, opts: ConvertOptions, ok: Checked, plan: Plan, con: Conso
     return res
 
 
-def _verify_folder(folder: str, src: str | None, packed: bool):
-    """`verify` of `folder`; a packed layout (which no stock loader reads, by design) is verified through
-    its plain form: unpacked beside it (exact: the plain scales are kept beside the packed ones), checked, removed."""
+def _verify_folder(folder: str, src: str | None, packed: bool, plan: Plan):
+    """`verify` of `folder`, told how `plan` made its weights (a compressed-tensors output records it only
+    in the card, written after --verify); a packed layout (which no stock loader reads, by design) is
+    verified through its plain form: unpacked beside it (exact: the plain scales are kept beside the
+    packed ones), checked, removed."""
     import shutil
 
+    from .calibration.stage import method_of
     from .verify import verify_checkpoint
 
+    method = method_of(plan)
     if not packed:
-        return verify_checkpoint(folder, src)
+        return verify_checkpoint(folder, src, method)
     from .unpack import unpack_checkpoint
 
     parent, name = os.path.split(os.path.abspath(folder))
     plain = os.path.join(parent, f".{name.lstrip('.')}.verify-plain")
     shutil.rmtree(plain, ignore_errors=True)
     try:
-        res = verify_checkpoint(unpack_checkpoint(folder, plain), src)
+        res = verify_checkpoint(unpack_checkpoint(folder, plain), src, method)
     finally:
         shutil.rmtree(plain, ignore_errors=True)
     res.path = folder

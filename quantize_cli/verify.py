@@ -15,8 +15,9 @@ from .formats.readback import VerifyResult
 from .problems import ERROR
 
 
-def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
-    """Run every check on the checkpoint folder at `path` (see the module docstring)."""
+def verify_checkpoint(path: str, source: str | None = None, method: dict | None = None) -> VerifyResult:
+    """Run every check on the checkpoint folder at `path` (see the module docstring); `method`: how its
+    weights were made (``--rounding`` / ``--smooth``) when the caller knows it, else read from the output."""
     res = VerifyResult(path, None)
     if not os.path.isdir(path):
         res.add(ERROR, "missing-file", path, f"{path}: no such checkpoint folder")
@@ -26,7 +27,7 @@ def verify_checkpoint(path: str, source: str | None = None) -> VerifyResult:
         res.add(ERROR, "not-quantized", path, f"{path}: not quantized (config.json has no quantization_config, no "
                 "hf_quant_config.json); verify checks a converted checkpoint: run `quantize convert` on it first")
         return res
-    fmt.verify(path, config, res, source)
+    fmt.verify(path, config, res, source, method)
     return res
 
 

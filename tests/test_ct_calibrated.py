@@ -105,3 +105,20 @@ def test_verify_source_of_a_compressed_tensors_output_knows_its_weights_method(t
     (dst / "README.md").write_text(METHOD_COMMENT.sub("", card))
     with pytest.raises(CheckFailed):  # compared with the floors: the smoothed weights fall under them
         api.verify(str(dst), source="example:tiny-llama", quiet=True)
+
+
+def test_convert_verify_of_a_compressed_tensors_gptq_output_compares_with_the_source(tmp_path):
+    """`convert --verify` runs before the card that records the weights method is written: it is given
+    the method (convert._verify_folder), so a compressed-tensors GPTQ output is compared with its source
+    (without the round-to-nearest floors, as `verify --source` does) instead of skipped; the finished
+    DST checked again by --resume --verify gets the same answer."""
+    from tests.matrix.support import CALIB
+
+    dst = str(tmp_path / "out")
+    kw = dict(algo="INT8", format="compressed-tensors", rounding="gptq", calib_data=CALIB, calib_samples=4,
+              calib_seq_len=32, device="cpu", quiet=True, verify=True)
+    first = convert("example:tiny-llama", dst, **kw).report["verify"]
+    assert first["errors"] == 0 and first["compared_with_source"] and first["sqnr_db"], first
+    again = convert("example:tiny-llama", dst, resume=True, **kw).report["verify"]
+    assert again == first
+    assert api.verify(dst, source="example:tiny-llama", quiet=True).errors == []

@@ -107,8 +107,10 @@ class Format:
         """True when the checkpoint folder (its config.json `config`) is written in this format."""
         return isinstance(config, dict) and (config.get("quantization_config") or {}).get("quant_method") == self.config_method
 
-    def verify(self, path: str, config: dict, res, source: str | None) -> None:
-        """Fill `res` (formats.readback.VerifyResult) with this format's findings for `path`."""
+    def verify(self, path: str, config: dict, res, source: str | None, method: dict | None = None) -> None:
+        """Fill `res` (formats.readback.VerifyResult) with this format's findings for `path`; `method`:
+        how the weights were made (``--rounding`` / ``--smooth``) when the caller knows it, else the
+        output's own record is read (a format whose documents hold it reads them either way)."""
         raise NotImplementedError
 
     def output_facts(self, folder: str) -> dict:

@@ -139,10 +139,10 @@ class CompressedTensors(Format):
         doc = output_config(plan.source.config, qconfig, "modules.json" in plan.source.sidecars)  # sentence-transformers: decompress at load
         return {"config.json": (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()}
 
-    def verify(self, path: str, config, res, source) -> None:
+    def verify(self, path: str, config, res, source, method=None) -> None:
         from .ct_verify import verify_ct
 
-        verify_ct(path, config, res, source, CT_SCHEMES)
+        verify_ct(path, config, res, source, CT_SCHEMES, method)
 
     def output_facts(self, folder: str) -> dict:
         from .ct_mixed import group_targets

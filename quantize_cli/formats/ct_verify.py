@@ -63,9 +63,11 @@ def describe(qconfig: dict) -> str:
     return "mixed: " + ", ".join(parts)
 
 
-def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None:
+def verify_ct(path: str, config: dict, res, source: str | None, schemes, method: dict | None = None) -> None:
     """Fill `res` (a VerifyResult) for the compressed-tensors checkpoint at `path`; `schemes`: the
-    format's algo -> scheme table (formats/compressed_tensors.py)."""
+    format's algo -> scheme table (formats/compressed_tensors.py); `method`: how the weights were made
+    when the caller knows it (convert --verify runs before the card that records it is written), else
+    the card's record."""
     q = config["quantization_config"]
     groups = q.get("config_groups") or {}
     presets = {g: group_preset(cfg or {}, q) for g, cfg in groups.items()}
@@ -96,7 +98,8 @@ def verify_ct(path: str, config: dict, res, source: str | None, schemes) -> None
     check_finite(tensors, res)
     if source:
         recipe = load_recipe(None, config.get("model_type"))
-        compare_as_made(source, _card_method(path) or {}, quantized, scheme_of, recipe, res)
+        compare_as_made(source, method if method is not None else (_card_method(path) or {}), quantized, scheme_of,
+                        recipe, res)
 
 
 def _card_method(path: str) -> dict | None:

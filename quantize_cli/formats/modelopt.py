@@ -113,7 +113,7 @@ class ModelOpt(Format):
     def detect(self, config, folder: str) -> bool:
         return super().detect(config, folder) or os.path.isfile(os.path.join(folder, HF_QUANT_CONFIG))
 
-    def verify(self, path: str, config, res, source) -> None:
+    def verify(self, path: str, config, res, source, method=None) -> None:  # the method is in hf_quant_config.json
         from .modelopt_verify import verify_modelopt
 
         verify_modelopt(path, res, source, self.mixed_served()[0])
