@@ -208,8 +208,8 @@ def test_a_failed_verify_never_uploads(hub, tiny_llama, tmp_path, monkeypatch):
 
     real = verify_mod.verify_checkpoint
 
-    def failing(folder, source=None):
-        res = real(folder, source)
+    def failing(folder, source=None, method=None):
+        res = real(folder, source, method)
         res.add("error", "tensors", "model.layers.0.mlp.up_proj.weight", "injected: a finding verify would raise")
         return res
 

@@ -262,8 +262,8 @@ def test_verify_failure_keeps_the_output_beside_dst(src, tmp_path, monkeypatch):
 
     real = verify_mod.verify_checkpoint
 
-    def failing(path, source=None):
-        res = real(path, source)
+    def failing(path, source=None, method=None):
+        res = real(path, source, method)
         res.findings.append(Finding(ERROR, "test", "x", "x: injected"))
         return res
 
