@@ -247,16 +247,31 @@ def _frame(tok) -> tuple[list[int], list[int]]:
 _TOKENIZERS: dict[str, object] = {}
 
 
+# A folder holds a tokenizer when one of these is in it (transformers' fast, SentencePiece, BPE and
+# WordPiece files, Mistral's tekken). Checked first because transformers 5 builds a tokenizer from
+# config.json alone, with only its special tokens: every text became one token (a folder written by
+# llm-compressor or ModelOpt has no tokenizer files).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt", "merges.txt", "tekken.json")
+MIN_VOCAB = 256  # fewer entries: a tokenizer without its vocabulary
+
+
 def _tokenizer(root: str, spec: str):
     tok = _TOKENIZERS.get(root)
     if tok is None:
         from transformers import AutoTokenizer
 
+        fix = 'add tokenizer files or give a .jsonl with "input_ids"'
+        if os.path.isdir(root) and not any(os.path.isfile(os.path.join(root, f)) for f in TOKENIZER_FILES):
+            raise _err(spec, f"text needs the checkpoint's tokenizer and {root} has no tokenizer file ({', '.join(TOKENIZER_FILES[:3])} "
+                             f"...); {fix}")
         try:
             tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - a missing or broken tokenizer, in many types
             raise _err(spec, f"text needs the checkpoint's tokenizer, which {root} does not have or transformers cannot load "
-                             f"({type(exc).__name__}); add tokenizer files or give a .jsonl with \"input_ids\"") from None
+                             f"({type(exc).__name__}); {fix}") from None
+        if len(tok) < MIN_VOCAB:
+            raise _err(spec, f"the tokenizer transformers loads from {root} has {len(tok)} entries (no vocabulary); {fix}")
         tok.model_max_length = 1 << 60  # we cut the text ourselves; silence the "longer than" warning
         _TOKENIZERS[root] = tok
     return tok

@@ -119,3 +119,27 @@ def test_eval_finds_the_calibration_of_gptq_and_compressed_tensors_outputs(tmp_p
     res = run_eval(dst, source=src, data=calib, device="cpu")
     assert res.data["calibration_overlap"] == 1.0, res.data["overlap_text"]
     assert any("eval and calibration data overlap" in w for w in res.warnings)
+
+
+def test_a_dst_without_tokenizer_files_is_scored_with_the_source_tokenizer(llama_fp8, tmp_path):
+    """An output written by another tool (llm-compressor and ModelOpt save no tokenizer) is scored on
+    text tokenized by SRC's tokenizer. transformers 5 builds a tokenizer from config.json alone, with
+    only its special tokens, so every text was one token and eval refused ("every sample is 1 token
+    long"); a folder without a tokenizer file is now treated as having no tokenizer."""
+    import shutil
+
+    src, dst = llama_fp8
+    bare = tmp_path / "bare"
+    shutil.copytree(dst, bare)
+    for f in bare.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            f.unlink()
+    docs = []
+    for i, folder in enumerate((dst, bare)):
+        out = tmp_path / f"eval{i}.json"
+        r = run(str(folder), "--source", src, "--device", "cpu", "--samples", "2", "--seq-len", "16", "--json", str(out))
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(out.read_text())["metrics"])
+    assert docs[1] == docs[0] and docs[0]["positions"] > 2
+    r = run(str(bare), "--device", "cpu", "--samples", "2", "--seq-len", "16")  # no source to fall back on
+    assert r.exit_code != 0 and "has no tokenizer file" in r.output, r.output
