@@ -45,7 +45,9 @@ VARIANTS = {  # name -> convert keywords (every variant gets --calib-data calib.
     "gptq-mse": {"rounding": "gptq", "scale_search": "mse"},
     "awq-mse": {"smooth": "awq", "scale_search": "mse"},
     "awq-gptq-mse": {"smooth": "awq", "rounding": "gptq", "scale_search": "mse"},
+    "sq": {"smooth": "smoothquant"},
     "sq-gptq": {"smooth": "smoothquant", "rounding": "gptq"},
+    "sq-gptq-mse": {"smooth": "smoothquant", "rounding": "gptq", "scale_search": "mse"},
 }
 
 

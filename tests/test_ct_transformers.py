@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from tests.conftest import convert
+from quantize_cli.verify import verify_checkpoint
 from quantize_cli.checkpoint.example_weights import llama_config, llama_tensors, write_checkpoint
 from quantize_cli.formats import CT_SCHEMES
 
@@ -103,3 +104,30 @@ def test_the_dtype_rule_keeps_the_source_key_and_other_presets(sources):
     both = output_config({"dtype": "float16", "torch_dtype": "float16"}, quantization_config("MXFP8", []))
     assert (both["dtype"], both["torch_dtype"]) == ("bfloat16", "bfloat16")
     assert output_config({"torch_dtype": "float32"}, quantization_config("FP8", []))["torch_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("algo", ["FP8_PB_WO", "INT4"])
+def test_a_tied_lm_head_is_ignored_and_the_output_loads(tmp_path, algo):
+    """A model that ties its LM head to the embeddings (Gemma, SmolLM2) has no ``lm_head.weight``
+    in the file, but transformers builds an ``lm_head`` Linear. An empty ``ignore`` let its
+    compressed-tensors integration replace that Linear with a quantized one, and the load failed
+    ("Linear has no attribute weight"); llm-compressor writes ``["lm_head"]``."""
+    cfg = llama_config(layers=1, vocab=256)
+    cfg.update(tie_word_embeddings=True, torch_dtype="float32")
+    tensors = {k: v.float() for k, v in llama_tensors(cfg, seed=5).items() if k != "lm_head.weight"}
+    src = write_checkpoint(str(tmp_path / "src"), tensors, cfg)
+    dst = str(tmp_path / "out")
+    convert(src, dst, algo=algo, format="compressed-tensors", quiet=True)
+    assert json.load(open(os.path.join(dst, "config.json")))["quantization_config"]["ignore"] == ["lm_head"]
+    got, want = _logits(dst), _logits(src)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
+    assert cos > MIN_COSINE.get(algo, 0.995), cos
+    assert verify_checkpoint(dst, src).errors == []
+    # an output without the entry (ours before the fix, or another tool's) is refused by verify
+    path = os.path.join(dst, "config.json")
+    doc = json.load(open(path))
+    doc["quantization_config"]["ignore"] = []
+    json.dump(doc, open(path, "w"))
+    errors = verify_checkpoint(dst).errors
+    assert len(errors) == 1 and "lm_head: tied to the embeddings" in errors[0].message, errors
+    assert 'add "lm_head" to ignore' in errors[0].message

@@ -24,6 +24,21 @@ def test_llama_decisions_and_groups(tiny_llama):
     assert len(tasks) == 1 and len(tasks[0].members) == 3
 
 
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_a_tied_lm_head_is_listed_as_kept(make_checkpoint, fmt):
+    """A decoder tying its head to the embeddings has no lm_head tensor, but the loaded model has the
+    Linear: both formats list it (ModelOpt 0.47 and llm-compressor 0.14 do, for Gemma 3)."""
+    cfg = llama_config(layers=1)
+    cfg["tie_word_embeddings"] = True
+    tied = {k: v for k, v in llama_tensors(cfg).items() if k != "lm_head.weight"}
+    plan = prepare(make_checkpoint(tied, cfg), "FP8_PB_WO", format=fmt)
+    assert "lm_head" in plan.exclude_modules and "lm_head" not in plan.modules
+    assert not plan.problems
+    # an encoder (no LM head class) gets no such entry
+    enc = make_checkpoint(tied, {**cfg, "architectures": ["LlamaModel"]}, name="enc")
+    assert "lm_head" not in prepare(enc, "FP8_PB_WO", format=fmt).exclude_modules
+
+
 def test_outputs_have_the_spec_names_dtypes_shapes(tiny_llama):
     o = prepare(tiny_llama, "FP8_PB_WO").outputs
     assert (o["model.layers.0.mlp.down_proj.weight"].dtype, o["model.layers.0.mlp.down_proj.weight"].shape) == ("F8_E4M3", (256, 512))

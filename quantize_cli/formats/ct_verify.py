@@ -16,6 +16,7 @@ import os
 from ..checkpoint.safetensors_header import TensorInfo
 from ..modules.classify import EMBEDDING, LINEAR, classify
 from ..modules.recipe import load_recipe
+from ..modules.tied_head import tied_head
 from ..algorithms import MIXED_PRECISION
 from ..problems import ERROR
 from .readback import check_finite, compare_as_made, read_index
@@ -165,7 +166,7 @@ def _check_modules(tensors: dict[str, TensorInfo], scheme_of, res) -> dict[str, 
 
 
 def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> None:
-    from .ct_exclusions import ct_misread
+    from .ct_exclusions import ct_is_ignored, ct_misread
 
     recipe = load_recipe(None, config.get("model_type"))
     view = {n: (TensorInfo(n, "BF16", (t.shape[0], t.shape[1] * _per_element(t)), t.path, t.offset, t.nbytes)
@@ -183,3 +184,8 @@ def _check_ignore(tensors, quantized, config: dict, ignore: list[str], res) -> N
             m.kind = LINEAR
     for p in ct_misread(mods, ignore, dict(recipe.fused)):
         res.add(ERROR, "exclusions", p.subject, p.message)
+    head = tied_head(config, tensors)
+    if head and not ct_is_ignored(head, ignore, {}):
+        res.add(ERROR, "exclusions", head, f"{head}: tied to the embeddings (no {head}.weight in the files) but not in "
+                f"quantization_config.ignore, so transformers quantizes it and the load fails ('Linear has no attribute "
+                f"weight'); add \"{head}\" to ignore")

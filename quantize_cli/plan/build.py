@@ -18,6 +18,7 @@ from ..modules.classify import LINEAR, Module, classify, fused_groups, natural_k
 from ..modules.experts import expand
 from ..modules.matching import match_reason, vllm_rewrite
 from ..modules.recipe import Recipe
+from ..modules.tied_head import tied_head
 from ..schemes import Scheme
 from ..problems import ERROR, WARNING, Finding
 from .validate import dense_layout_findings, layout_plain_finding, layout_request, moe_layers, moe_roles_finding, moe_stack_finding, name_clash_finding, problem_findings, validate
@@ -348,6 +349,9 @@ def build_plan(
     mods = classify(tensors, recipe, list(exclude), num_layers if isinstance(num_layers, int) else None)
     groups = fused_groups(mods, recipe)
     entries = fmt.exclusion_list(mods, dict(recipe.fused))  # ModelOpt exclude_modules or compressed-tensors ignore
+    head = tied_head(source.config, source.tensors)  # the tied LM head: a kept Linear with no tensor of its own
+    if head and head not in entries:
+        entries = sorted([*entries, head])
     findings = problem_findings(split_problems)
     schemes, rules_used = mixed.assign(mods, scheme, list(algo_for))
     if algo_for:
