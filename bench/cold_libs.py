@@ -28,12 +28,9 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 CHILD = r"""
 import os, sys, time, json
 t0 = time.perf_counter()
-sys.path.insert(0, {root!r})
 mode, files = {mode!r}, {files!r}
 if mode in ("libs", "mapped"):
     sys.path.insert(0, {bench!r})
@@ -148,7 +145,7 @@ def drop_caches() -> None:
 
 
 def child(mode: str, files: list[str], extra: str = "") -> dict:
-    code = CHILD.format(root=ROOT, bench=os.path.dirname(os.path.abspath(__file__)), mode=mode, files=files) + extra
+    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), mode=mode, files=files) + extra
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
