@@ -8,7 +8,10 @@
 #   OUT=/tmp/out LAYERS=80 GPUS="1 2 4" ALGOS="FP8_PB_WO NVFP4" bash bench/devices_host.sh
 # RAY=1 also runs, for each N, `--executor ray --ray-address` against a Ray head started beforehand with
 # N GPUs (bench/ray_head.py, CUDA_VISIBLE_DEVICES=0..N-1: a joined head, as a running cluster is), its
-# output hashed against the local one (ray must be importable: bench/ray_carry.py makes .whl-ray).
+# output hashed against the local one (ray must be importable: bench/ray_carry.py makes .whl-ray);
+# RAY_N="2 4" limits the Ray runs to those counts (default: every count of GPUS).
+# WARM=1 first converts a one-layer input with each algorithm (not timed): the first run of a fresh
+# machine otherwise includes compiling the kernels.
 # KIND=cpu tries the script on a machine without a GPU (cpu, cpu,cpu ...; use LAYERS=1; Ray's head gets N CPUs).
 # TREES=". .base" times each checkout in turn (a `git archive` of another commit: before/after, same run;
 # the command runs with the tree as its cwd, which `python -m` puts first on sys.path).
@@ -41,6 +44,11 @@ s=$(t python3 bench/devices_host_input.py "$IN_DIR" "$LAYERS")
 in_bytes=$(du -sb "$IN_DIR" | cut -f1)
 echo "input $IN_DIR: $LAYERS layers, $((in_bytes / 1000000000)) GB, made in $s s; $(nproc) cores, $(nvidia-smi -L 2>/dev/null | wc -l) GPUs"
 mkdir -p "$DISK"
+if [ "${WARM:-0}" = 1 ]; then
+  python3 bench/devices_host_input.py /dev/shm/qwarm 1 > /dev/null
+  for algo in $ALGOS; do python3 -m quantize_cli convert /dev/shm/qwarm -o /dev/shm/qwarm-out --algo $algo --device ${KIND:-cuda}$([ "${KIND:-cuda}" = cuda ] && echo :0) --overwrite --quiet > /dev/null 2>&1 || echo "warm-up $algo failed"; done
+  rm -rf /dev/shm/qwarm /dev/shm/qwarm-out; echo "warm-up: kernels compiled (not timed)"
+fi
 have=$(nvidia-smi -L 2>/dev/null | wc -l)  # a count in GPUS above it is skipped (cuda:N would not exist)
 for algo in $ALGOS; do
   for place in $PLACES; do
@@ -60,7 +68,7 @@ for algo in $ALGOS; do
       echo "$algo $place GPUs=$n tree=$tree: $s s, $((in_bytes / 1000000)) MB in / $((out_bytes / 1000000)) MB out, md5 $sum $([ "$sum" = "$ref" ] && echo same || echo DIFFERENT), rss $rss GB, $(tail -1 $OUT/log-$tag.txt)"
       [ "$n" != "${GPUS##* }" ] && rm -rf "$dst"
      done
-     if [ "${RAY:-0}" = 1 ] && [ $SECONDS -le $DEADLINE ]; then ray_run "$algo" "$place" "$n" "$root"; fi
+     if [ "${RAY:-0}" = 1 ] && [ $SECONDS -le $DEADLINE ] && [[ " ${RAY_N:-$GPUS} " == *" $n "* ]]; then ray_run "$algo" "$place" "$n" "$root"; fi
     done
     # the floor of this place: read the input while writing the output's bytes, with as many writers as GPUs at most
     n=${GPUS##* }; per=$((out_bytes / n / 16777216 + 1))

@@ -26,11 +26,31 @@ def test_rss_is_measured():
     assert warm_baseline(torch.device("cpu")) > 0
 
 
+def test_reads_granted_but_not_resident_never_make_the_baseline_negative(monkeypatch):
+    """Session 12 on the GPU machine: RSS 2.0 GB once warm, 2.4 GB granted to reads of which little
+    was allocated yet: the baseline read -0.36 to -1.0 GB and the in-flight limit exceeded the budget."""
+    gb = 1 << 30
+    monkeypatch.setattr(host_memory, "rss_bytes", lambda: 2 * gb)
+    cpu = torch.device("cpu")
+    assert warm_baseline(cpu, in_flight=int(2.4 * gb), floor=int(0.6 * gb)) == int(0.6 * gb)
+    assert warm_baseline(cpu, in_flight=gb // 2, floor=int(0.6 * gb)) == int(1.5 * gb)
+    assert warm_baseline(cpu) == 2 * gb
+
+
+def test_on_cuda_what_reads_hold_is_the_pinned_pool(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(host_memory, "_pinned_pool_bytes", lambda: 3 << 29)
+    assert host_memory.held_in_flight(SimpleNamespace(type="cuda"), granted=5 << 30) == 3 << 29
+    assert host_memory.held_in_flight(torch.device("cpu"), granted=5 << 30) == 5 << 30
+
+
 def _run(plan, folder, monkeypatch, baseline, **kw):
     import quantize_cli.run.execute as ex
     from quantize_cli.checkpoint.writer import ShardWriter
 
-    monkeypatch.setattr(ex, "warm_baseline", lambda device: baseline)
+    monkeypatch.setattr(host_memory, "rss_bytes", lambda: baseline)  # a constant RSS: warm_baseline reads it
+    monkeypatch.setattr(ex, "rss_bytes", lambda: baseline)  # the RSS before the first read
     monkeypatch.setattr(ex, "startup_baseline", lambda device: baseline)
     folder.mkdir()
     w = ShardWriter(str(folder), plan.outputs, plan.shard_names)

@@ -26,7 +26,7 @@ import torch
 from ..checkpoint.safetensors_io import TensorInfo, byte_view, read_bytes_into, read_tensor, torch_dtype
 from .compute import ComputeStage, ErrorStats, RunStats
 from ..modules.experts import read_rows
-from .host_memory import PinnedPool, inflight_limit, startup_baseline, warm_baseline
+from .host_memory import PinnedPool, inflight_limit, rss_bytes, startup_baseline, warm_baseline
 from .finite import raise_non_finite  # noqa: F401  (re-exported for executors/)
 from .context import io_threads
 from .pipeline import AsyncWriter, ByteBudget, Read, ReadStage, Timers, load
@@ -88,6 +88,7 @@ class Executor:
     def run(self) -> RunStats:
         todo = [(i, t, self.schedule.steps(t)) for i, t in enumerate(self.plan.tasks) if i not in self.done]
         read_budget, write_budget = ByteBudget(1, pinned=self.pin), ByteBudget(1, pinned=self.pin)  # pinned: count torch's blocks
+        before_reads = rss_bytes()
         self._split(self._inflight(startup_baseline(self.device)), read_budget, write_budget)
         timers = Timers()
         # --low-disk fetches and drops source shards in read order: its resolver keeps one read at a time
@@ -101,7 +102,7 @@ class Executor:
         try:
             if self.process_budget is not None:  # reads start at once; the limit is final once CUDA and Triton are in
                 with timers.time("wait_device"):
-                    baseline = warm_baseline(self.device) - read_budget.used  # the reads so far are in flight, not baseline
+                    baseline = warm_baseline(self.device, read_budget.used, before_reads)  # the reads so far are in flight, not baseline
                 self._split(self._inflight(baseline, final=True), read_budget, write_budget)
             for index, task in enumerate(self.plan.tasks):
                 if index in self.done:

@@ -71,15 +71,37 @@ def startup_baseline(device) -> int:
     return rss_bytes() + pending
 
 
-def warm_baseline(device) -> int:
-    """RSS once `device` is ready to compute: on CUDA the context is created first (waiting for
-    the start-up thread of ``run.context.warm_device`` if it is still at it), so that it counts."""
+def warm_baseline(device, in_flight: int = 0, floor: int = 0) -> int:
+    """The process's own RSS once `device` is ready to compute: on CUDA the context is created
+    first (waiting for the start-up thread of ``run.context.warm_device`` if it is still at it), so
+    that it counts. Reads have started by then: what they hold is not baseline
+    (:func:`held_in_flight`; `in_flight`: the bytes the read budget has granted). Never below
+    `floor`, the RSS before the first read."""
     if getattr(device, "type", "cpu") == "cuda":
         import torch
 
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
-    return rss_bytes()
+    return max(rss_bytes() - held_in_flight(device, in_flight), floor)
+
+
+def held_in_flight(device, granted: int) -> int:
+    """The resident bytes of the buffers in flight. On CUDA every read buffer is pinned and pinned
+    pages are resident: torch's pinned pool is the exact figure. The bytes the read budget has
+    granted are not: a read granted is allocated (and its pages touched) only when a read thread
+    performs it, so subtracting them made the baseline negative on the GPU machine (-0.36 to -1.0
+    GB with 2.4 GB granted while the CUDA context started), the in-flight limit larger than the
+    budget, and the peak RSS 5.3 GB under a 4 GB budget (docs/performance.md, session 12). On the
+    CPU (buffers not pinned) the granted bytes are the estimate, bounded by the caller's floor."""
+    if getattr(device, "type", "cpu") == "cuda":
+        return _pinned_pool_bytes()
+    return granted
+
+
+def _pinned_pool_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
 
 
 def _empty_host_cache():
@@ -138,4 +160,4 @@ def inflight_limit(budget: int, baseline: int, flag_value: str | int = "") -> tu
                    f"about {(baseline + floor) / 1e9:.1f} GB; give a budget above {(baseline + floor) / 1e9:.1f} GB to stay within it")
 
 
-__all__ = ["configure_pinned_allocator", "PINNED_REGISTER_THREADS", "PinnedPool", "rss_bytes", "startup_baseline", "warm_baseline", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]
+__all__ = ["configure_pinned_allocator", "PINNED_REGISTER_THREADS", "PinnedPool", "rss_bytes", "startup_baseline", "warm_baseline", "held_in_flight", "inflight_limit", "MIN_INFLIGHT", "CUDA_CONTEXT_ESTIMATE"]

@@ -155,7 +155,7 @@ class ShardStream:
     def _main(self) -> None:
         from .compute import ComputeStage
         from .execute import Executor
-        from .host_memory import PinnedPool, startup_baseline, warm_baseline
+        from .host_memory import PinnedPool, rss_bytes, startup_baseline, warm_baseline
         from .kernel_choice import quantize_fn
         from .context import io_threads
         from .pipeline import AsyncWriter, ByteBudget, ReadStage, Timers
@@ -169,6 +169,7 @@ class ShardStream:
             # from Triton"; seen on a 2-GPU H200 with --device cuda:0,cuda:1).
             torch.cuda.set_device(self.device)
         timers, reads, writes = Timers(), ByteBudget(1, pinned=pin), ByteBudget(1, pinned=pin)
+        before_reads = rss_bytes()
         Executor._split(self._limit(startup_baseline(self.device)), reads, writes)
         hub = self.hub is not None  # a Hub resolver fetches (and with --low-disk drops) shards in read order: one read at a time
         reader = ReadStage(self._reads(), reads, self._load, self.device, True, timers,
@@ -180,7 +181,7 @@ class ShardStream:
             compute = ComputeStage(self.plan, self.device, reader.fetch, reader.release, lambda *a: self._write(out, *a), fn,
                                    self.measure, self._consumed, None, timers)
             with timers.time("wait_device"):
-                baseline = warm_baseline(self.device) - reads.used
+                baseline = warm_baseline(self.device, reads.used, before_reads)
             self.stats.baseline_rss = baseline
             Executor._split(self._limit(baseline, final=True), reads, writes)
             # torch's pinned pool is one per process, shared by the `share` streams of --device a,b: its
