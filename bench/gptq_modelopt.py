@@ -18,7 +18,12 @@ checkpoint: ``export_hf_checkpoint`` targets decoders) on ``search_accuracy.SENT
 ``lm_head`` stays unquantized (ModelOpt's default configs disable it). Calibration: every sample of
 ``calib.jsonl``, one forward each, on the device given. ModelOpt 0.47's NVFP4 fake quantization is CUDA-only
 (``tensor_quant._dynamic_block_quantize_impl``: "amax must be a CUDA tensor for dynamic block
-quantization"), so every NVFP4 config needs ``--device cuda``: ``bench/gptq_smol_gpu.sh`` runs it.
+quantization"), so every NVFP4 config needs ``--device cuda`` (``bench/gptq_smol_gpu.sh`` runs it), or
+``--cpu-nvfp4``: the CPU kernel of ModelOpt's ``tensorrt::dynamic_block_quantize_op`` is replaced by
+:func:`fp4_fake_quant_block`, a torch replica of the arithmetic of its Hopper Triton kernel
+(``fp4_kernel_hopper.fp4_fake_quant_kernel``: global scale ``amax / (6 * 448)``, e4m3 scales per 16
+saturating at 448, scales under 1e-5 taken as 1, ModelOpt's E2M1 thresholds); ModelOpt's own code
+does everything else (its AWQ search, calibration, export).
 """
 
 from __future__ import annotations
@@ -43,6 +48,44 @@ def configs(mtq) -> dict:
             ("INT4", "awq"): mtq.INT4_AWQ_CFG}
 
 
+def fp4_fake_quant_block(x, global_amax, block_size: int = 16):
+    """ModelOpt 0.47's NVFP4 fake quantization (``fp4_fake_quant_kernel``), in torch on any device."""
+    import torch
+
+    shape, dtype = x.shape, x.dtype
+    g = x.reshape(-1, shape[-1]).float().reshape(-1, shape[-1] // block_size, block_size)
+    gs = float(global_amax.float().max()) / (6.0 * 448.0)
+    gs = gs if gs > 0 else 1e-12
+    a = g.abs()
+    s = ((a.amax(-1, keepdim=True) / (6.0 * gs)).clamp(max=448.0).to(torch.float8_e4m3fn).float() * gs)
+    s = torch.where(s >= 1e-5, s, torch.ones_like(s))
+    q = a / s
+    v = torch.where(q <= 0.25, 0.0, torch.where(q < 0.75, 0.5, torch.where(q <= 1.25, 1.0, torch.where(
+        q < 1.75, 1.5, torch.where(q <= 2.5, 2.0, torch.where(q < 3.5, 3.0, torch.where(q <= 5.0, 4.0, 6.0)))))))
+    y = torch.where(g >= 0, v * s, -v * s)
+    return y.reshape(shape).to(dtype)
+
+
+def use_cpu_nvfp4() -> None:
+    """Point the CPU kernel of ModelOpt's dynamic block quantization at :func:`fp4_fake_quant_block`
+    for NVFP4 (E2M1 values, E4M3 scales); every other format keeps ModelOpt's own implementation."""
+    import warnings
+
+    import torch
+    from modelopt.torch.quantization import tensor_quant
+
+    original = tensor_quant._dynamic_block_quantize_impl
+
+    def impl(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
+        if (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) == (4, 2, 8, 4) and amax is not None:
+            return fp4_fake_quant_block(inputs, amax, block_size)
+        return original(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+        torch.library.impl("tensorrt::dynamic_block_quantize_op", "cpu")(impl)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -50,6 +93,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--only", nargs="*", help="ALGO-variant names to make (default: all)")
     p.add_argument("--again", action="store_true")
+    p.add_argument("--cpu-nvfp4", action="store_true", help="NVFP4 configs on the CPU (ModelOpt's fake quantization replaced: see the docstring)")
     p.add_argument("--model-class", choices=["causal", "auto"], default="causal", help="auto: AutoModel (an encoder), fp32")
     p.add_argument("--embed", action="store_true", help="measure the quantized model's sentence embeddings instead of exporting")
     a = p.parse_args()
@@ -58,6 +102,9 @@ def main() -> None:
     import torch
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModel, AutoModelForCausalLM
+
+    if a.cpu_nvfp4:
+        use_cpu_nvfp4()
 
     samples = [json.loads(line)["input_ids"] for line in open(os.path.join(a.work, "calib.jsonl"))]
     times, cosines, ref = {}, {}, None
