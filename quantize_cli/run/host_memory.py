@@ -3,7 +3,8 @@
 A converting process holds a baseline before it moves a byte: torch and its libraries, and on a
 GPU the CUDA context and the Triton kernels (0.63-0.70 GB RSS on the GPU machine once warm,
 docs/performance.md "Memory"). The executor's byte budgets bound only what is in flight, so the
-baseline is measured once the device is warm and taken off the budget: in flight = budget -
+baseline is measured once the device is warm (less the buffers already read into, which are in
+flight: :func:`held_in_flight`) and taken off the budget: in flight = budget -
 baseline, never under a floor (a budget smaller than the baseline cannot be met; the run says so
 and goes on with the floor). Pinned buffers come from torch's caching host allocator, whose pool
 is kept within the in-flight limit by :class:`PinnedPool`.
@@ -139,11 +140,9 @@ class PinnedPool:
     def trim(self) -> None:
         if self._empty is None:
             return
-        import torch
-
         # Not torch's "active" bytes: a freed block counts as active until the allocator next
         # processes its stream events, which emptying the cache does first (measured: never trimmed).
-        if torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) > self.limit:
+        if _pinned_pool_bytes() > self.limit:
             self._empty()
             self.trims += 1
 
